@@ -1,0 +1,523 @@
+//! The environment contract: every variable Knative sets on the queue-proxy
+//! container, parsed once at start into one typed [`Config`].
+//!
+//! Rules (the same as Knative's `envconfig` parsing, made stricter only
+//! where Knative itself could never produce the value):
+//! - a required variable that is not set is an error naming it;
+//! - a set variable whose value does not parse (port, integer, boolean,
+//!   probe JSON, observability JSON, TLS setting) is an error naming it and
+//!   showing the value;
+//! - an optional variable that is not set takes its zero value; strings that
+//!   are set but empty count as not set;
+//! - unknown variables are ignored.
+//!
+//! Besides Knative's variables, qproxy reads a few of its own, all prefixed
+//! `QPROXY_` and all optional, for running outside a pod (tests, the demo):
+//! see [`Ports`].
+
+mod logging;
+mod observability;
+mod probe;
+mod tls;
+mod vars;
+
+use std::time::Duration;
+
+pub use logging::{Level, LevelStyle, Logging, TimeStyle};
+pub use observability::{
+    Classic, Current, DEFAULT_REQUEST_LOG_TEMPLATE, Generation, MetricsBackend, MetricsConfig,
+    MetricsProtocol, Observability, RequestLog, RuntimeConfig, TracingBackend, TracingConfig,
+    TracingProtocol,
+};
+pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
+pub use tls::{Tls, TlsVersion};
+pub use vars::Vars;
+
+/// Why the environment was rejected. Each names the variable at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is not set.
+    #[error("{name} is required but not set")]
+    Missing {
+        /// The variable.
+        name: &'static str,
+    },
+    /// A variable's value does not parse.
+    #[error("{name}={value:?} is invalid: {reason}")]
+    Invalid {
+        /// The variable.
+        name: &'static str,
+        /// The value, shortened if long.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Decodes a JSON object into `T`. Unlike serde's derive, which also takes
+/// an array of field values, only an object is accepted, as in Go.
+pub(crate) fn from_json_object<T: serde::de::DeserializeOwned>(
+    json: &str,
+) -> Result<T, serde_json::Error> {
+    let value: serde_json::Value = serde_json::from_str(json)?;
+    object(value)
+}
+
+fn object<T: serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+) -> Result<T, serde_json::Error> {
+    if value.is_object() {
+        serde_json::from_value(value)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "expected a JSON object, found {}",
+            json_kind(&value)
+        )))
+    }
+}
+
+/// Decodes a JSON array of objects.
+pub(crate) fn from_json_objects<T: serde::de::DeserializeOwned>(
+    json: &str,
+) -> Result<Vec<T>, serde_json::Error> {
+    match serde_json::from_str(json)? {
+        serde_json::Value::Array(items) => items.into_iter().map(object).collect(),
+        other => Err(serde::de::Error::custom(format!(
+            "expected a JSON array, found {}",
+            json_kind(&other)
+        ))),
+    }
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(name: &'static str, value: &str, reason: impl Into<String>) -> Self {
+        const MAX: usize = 200;
+        let value = match value.char_indices().nth(MAX) {
+            Some((cut, _)) => format!("{}…", &value[..cut]),
+            None => value.to_owned(),
+        };
+        ConfigError::Invalid {
+            name,
+            value,
+            reason: reason.into(),
+        }
+    }
+
+    /// The variable at fault.
+    pub fn variable(&self) -> &'static str {
+        match self {
+            ConfigError::Missing { name } | ConfigError::Invalid { name, .. } => name,
+        }
+    }
+}
+
+/// Who this queue-proxy serves: the revision and pod it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revision {
+    /// `SERVING_NAMESPACE`.
+    pub namespace: String,
+    /// `SERVING_SERVICE` (empty for a bare Configuration).
+    pub service: String,
+    /// `SERVING_CONFIGURATION`.
+    pub configuration: String,
+    /// `SERVING_REVISION`.
+    pub name: String,
+    /// `SERVING_POD`.
+    pub pod: String,
+    /// `SERVING_POD_IP`.
+    pub pod_ip: String,
+}
+
+/// Where qproxy listens and where the user container is.
+///
+/// The admin, stats, metrics and profiling ports are fixed in Knative;
+/// `QPROXY_ADMIN_PORT`, `QPROXY_STATS_PORT`, `QPROXY_METRICS_PORT` and
+/// `QPROXY_PROFILING_PORT` move them for running outside a pod. Port `0`
+/// anywhere but `USER_PORT` means "any free port" (the bound address is
+/// logged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// `QUEUE_SERVING_PORT`: the main proxy port (8012, or 8013 for h2c revisions).
+    pub main: u16,
+    /// `QUEUE_SERVING_TLS_PORT`: the same handler over TLS (8112).
+    pub tls: u16,
+    /// `USER_PORT`: the user container, dialled at `127.0.0.1`.
+    pub user: u16,
+    /// Admin (`/wait-for-drain`): 8022.
+    pub admin: u16,
+    /// Autoscaler stats (`/metrics`, protobuf): 9090.
+    pub stats: u16,
+    /// User-facing request metrics (Prometheus): 9091.
+    pub metrics: u16,
+    /// CPU profiles when profiling is on: 8008.
+    pub profiling: u16,
+}
+
+/// The three revision timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `REVISION_TIMEOUT_SECONDS`: overall bound of a request.
+    pub revision: Duration,
+    /// `REVISION_RESPONSE_START_TIMEOUT_SECONDS`: until the first response byte.
+    pub response_start: Option<Duration>,
+    /// `REVISION_IDLE_TIMEOUT_SECONDS`: longest gap between writes.
+    pub idle: Option<Duration>,
+}
+
+/// Feature switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Features {
+    /// `ENABLE_HTTP2_AUTO_DETECTION`: HTTP readiness probes try h2c first.
+    pub http2_auto_detection: bool,
+    /// `ENABLE_HTTP_FULL_DUPLEX`: read the request body while writing the response.
+    pub http_full_duplex: bool,
+    /// `ENABLE_MULTI_CONTAINER_PROBES`: `SERVING_READINESS_PROBE` is a list.
+    pub multi_container_probes: bool,
+}
+
+/// Everything qproxy is told by its environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Revision and pod identity.
+    pub revision: Revision,
+    /// Listening and upstream ports.
+    pub ports: Ports,
+    /// `CONTAINER_CONCURRENCY`: most requests inside the user container at
+    /// once; `0` is unlimited.
+    pub container_concurrency: u32,
+    /// Revision timeouts.
+    pub timeouts: Timeouts,
+    /// `SERVING_READINESS_PROBE`: empty when not set.
+    pub readiness_probes: Vec<Probe>,
+    /// Feature switches.
+    pub features: Features,
+    /// Log format and level.
+    pub logging: Logging,
+    /// Metrics, tracing, request log, profiling.
+    pub observability: Observability,
+    /// TLS listener settings.
+    pub tls: Tls,
+    /// `HOST_IP`: the node's address.
+    pub host_ip: Option<String>,
+    /// `SYSTEM_NAMESPACE`: Knative's own namespace.
+    pub system_namespace: Option<String>,
+    /// `ROOT_CA`: extra CA bundle (PEM) for talking TLS to Knative.
+    pub root_ca: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(&Vars::from_process())
+    }
+
+    /// Reads and validates a given set of variables.
+    pub fn from_vars(vars: &Vars) -> Result<Self, ConfigError> {
+        let revision = Revision {
+            namespace: vars.required("SERVING_NAMESPACE")?.to_owned(),
+            service: vars.raw("SERVING_SERVICE")?.unwrap_or_default().to_owned(),
+            configuration: vars.required("SERVING_CONFIGURATION")?.to_owned(),
+            name: vars.required("SERVING_REVISION")?.to_owned(),
+            pod: vars.required("SERVING_POD")?.to_owned(),
+            pod_ip: vars.required("SERVING_POD_IP")?.to_owned(),
+        };
+        let ports = Ports {
+            main: vars.required_port("QUEUE_SERVING_PORT")?,
+            tls: vars.required_port("QUEUE_SERVING_TLS_PORT")?,
+            user: vars.required_port("USER_PORT")?,
+            admin: vars.port_or("QPROXY_ADMIN_PORT", 8022)?,
+            stats: vars.port_or("QPROXY_STATS_PORT", 9090)?,
+            metrics: vars.port_or("QPROXY_METRICS_PORT", 9091)?,
+            profiling: vars.port_or("QPROXY_PROFILING_PORT", 8008)?,
+        };
+        if ports.user == 0 {
+            return Err(ConfigError::invalid("USER_PORT", "0", "must not be 0"));
+        }
+        let container_concurrency = vars.required_count("CONTAINER_CONCURRENCY")?;
+        let timeouts = Timeouts {
+            revision: Duration::from_secs(vars.required_count("REVISION_TIMEOUT_SECONDS")?.into()),
+            response_start: vars.seconds("REVISION_RESPONSE_START_TIMEOUT_SECONDS")?,
+            idle: vars.seconds("REVISION_IDLE_TIMEOUT_SECONDS")?,
+        };
+        let features = Features {
+            http2_auto_detection: vars.bool("ENABLE_HTTP2_AUTO_DETECTION")?,
+            http_full_duplex: vars.bool("ENABLE_HTTP_FULL_DUPLEX")?,
+            multi_container_probes: vars.bool("ENABLE_MULTI_CONTAINER_PROBES")?,
+        };
+        const PROBE: &str = "SERVING_READINESS_PROBE";
+        let readiness_probes = match vars.non_empty(PROBE)? {
+            None => Vec::new(),
+            Some(json) => probe::decode(json, features.multi_container_probes)
+                .map_err(|e| ConfigError::invalid(PROBE, json, e.to_string()))?,
+        };
+        Ok(Self {
+            revision,
+            ports,
+            container_concurrency,
+            timeouts,
+            readiness_probes,
+            features,
+            logging: Logging::from_vars(vars)?,
+            observability: observability::from_vars(vars)?,
+            tls: Tls::from_vars(vars)?,
+            host_ip: vars.non_empty("HOST_IP")?.map(str::to_owned),
+            system_namespace: vars.non_empty("SYSTEM_NAMESPACE")?.map(str::to_owned),
+            root_ca: vars.non_empty("ROOT_CA")?.map(str::to_owned),
+        })
+    }
+
+    /// Idle connections kept open to the user container: `CONTAINER_CONCURRENCY`,
+    /// or 1000 when unlimited (Knative's choice).
+    pub fn upstream_idle_connections(&self) -> usize {
+        match self.container_concurrency {
+            0 => 1000,
+            cc => cc as usize,
+        }
+    }
+}
+
+/// The variables a Knative reconciler sets, with the values of a default
+/// install; handy for tests and the demo.
+pub fn knative_defaults(user_port: u16) -> Vars {
+    Vars::from_pairs([
+        ("SERVING_NAMESPACE", "default".to_owned()),
+        ("SERVING_SERVICE", "hello".to_owned()),
+        ("SERVING_CONFIGURATION", "hello".to_owned()),
+        ("SERVING_REVISION", "hello-00001".to_owned()),
+        (
+            "SERVING_POD",
+            "hello-00001-deployment-6d8d4bd5b-x7k2p".to_owned(),
+        ),
+        ("SERVING_POD_IP", "127.0.0.1".to_owned()),
+        ("QUEUE_SERVING_PORT", "8012".to_owned()),
+        ("QUEUE_SERVING_TLS_PORT", "8112".to_owned()),
+        ("USER_PORT", user_port.to_string()),
+        ("CONTAINER_CONCURRENCY", "0".to_owned()),
+        ("REVISION_TIMEOUT_SECONDS", "300".to_owned()),
+        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".to_owned()),
+        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".to_owned()),
+        ("SERVING_LOGGING_CONFIG", String::new()),
+        ("SERVING_LOGGING_LEVEL", "info".to_owned()),
+        ("SERVING_READINESS_PROBE", String::new()),
+        ("ENABLE_HTTP2_AUTO_DETECTION", "false".to_owned()),
+        ("ENABLE_HTTP_FULL_DUPLEX", "false".to_owned()),
+        ("ENABLE_MULTI_CONTAINER_PROBES", "false".to_owned()),
+        ("SYSTEM_NAMESPACE", "knative-serving".to_owned()),
+        ("ROOT_CA", String::new()),
+        (
+            "SERVING_REQUEST_LOG_TEMPLATE",
+            DEFAULT_REQUEST_LOG_TEMPLATE.to_owned(),
+        ),
+        ("SERVING_ENABLE_REQUEST_LOG", "false".to_owned()),
+        ("SERVING_ENABLE_PROBE_REQUEST_LOG", "false".to_owned()),
+        ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".to_owned()),
+        (
+            "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
+            "5".to_owned(),
+        ),
+        ("METRICS_COLLECTOR_ADDRESS", String::new()),
+        ("TRACING_CONFIG_BACKEND", "none".to_owned()),
+        ("TRACING_CONFIG_ZIPKIN_ENDPOINT", String::new()),
+        ("TRACING_CONFIG_DEBUG", "false".to_owned()),
+        ("TRACING_CONFIG_SAMPLE_RATE", "0.1".to_owned()),
+        ("ENABLE_PROFILING", "false".to_owned()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Vars {
+        knative_defaults(8080)
+    }
+
+    #[test]
+    fn knative_defaults_parse() {
+        let c = Config::from_vars(&defaults()).unwrap();
+        assert_eq!(c.revision.namespace, "default");
+        assert_eq!(c.revision.name, "hello-00001");
+        assert_eq!(c.revision.service, "hello");
+        assert_eq!(c.ports.main, 8012);
+        assert_eq!(c.ports.tls, 8112);
+        assert_eq!(c.ports.user, 8080);
+        assert_eq!(
+            (
+                c.ports.admin,
+                c.ports.stats,
+                c.ports.metrics,
+                c.ports.profiling
+            ),
+            (8022, 9090, 9091, 8008)
+        );
+        assert_eq!(c.container_concurrency, 0);
+        assert_eq!(c.upstream_idle_connections(), 1000);
+        assert_eq!(c.timeouts.revision, Duration::from_secs(300));
+        assert_eq!(c.timeouts.response_start, None);
+        assert_eq!(c.timeouts.idle, None);
+        assert!(c.readiness_probes.is_empty());
+        assert_eq!(c.features, Features::default());
+        assert_eq!(c.observability.generation(), Generation::Classic);
+        assert!(c.observability.prometheus_metrics());
+        assert_eq!(c.logging.level, Level::Info);
+        assert_eq!(c.system_namespace.as_deref(), Some("knative-serving"));
+        assert_eq!(c.root_ca, None);
+        assert_eq!(c.tls.min_version, TlsVersion::Tls13);
+    }
+
+    #[test]
+    fn every_required_variable_is_named_when_missing() {
+        for name in [
+            "SERVING_NAMESPACE",
+            "SERVING_CONFIGURATION",
+            "SERVING_REVISION",
+            "SERVING_POD",
+            "SERVING_POD_IP",
+            "QUEUE_SERVING_PORT",
+            "QUEUE_SERVING_TLS_PORT",
+            "USER_PORT",
+            "CONTAINER_CONCURRENCY",
+            "REVISION_TIMEOUT_SECONDS",
+            "SERVING_LOGGING_CONFIG",
+            "SERVING_LOGGING_LEVEL",
+        ] {
+            let mut vars = defaults();
+            vars.remove(name);
+            let err = Config::from_vars(&vars).unwrap_err();
+            assert_eq!(err, ConfigError::Missing { name }, "{name}");
+            assert_eq!(err.variable(), name);
+        }
+    }
+
+    #[test]
+    fn optional_variables_may_be_absent() {
+        let mut vars = Vars::default();
+        for name in [
+            "SERVING_NAMESPACE",
+            "SERVING_CONFIGURATION",
+            "SERVING_REVISION",
+            "SERVING_POD",
+            "SERVING_POD_IP",
+            "SERVING_LOGGING_CONFIG",
+            "SERVING_LOGGING_LEVEL",
+        ] {
+            vars.set(name, "");
+        }
+        vars.set("QUEUE_SERVING_PORT", "8012");
+        vars.set("QUEUE_SERVING_TLS_PORT", "8112");
+        vars.set("USER_PORT", "8080");
+        vars.set("CONTAINER_CONCURRENCY", "10");
+        vars.set("REVISION_TIMEOUT_SECONDS", "300");
+        let c = Config::from_vars(&vars).unwrap();
+        assert_eq!(c.revision.service, "");
+        assert_eq!(c.container_concurrency, 10);
+        assert_eq!(c.upstream_idle_connections(), 10);
+        assert_eq!(c.host_ip, None);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (name, value) in [
+            ("QUEUE_SERVING_PORT", "eighty"),
+            ("QUEUE_SERVING_TLS_PORT", "100000"),
+            ("USER_PORT", ""),
+            ("USER_PORT", "0"),
+            ("CONTAINER_CONCURRENCY", "-1"),
+            ("CONTAINER_CONCURRENCY", "1.5"),
+            ("REVISION_TIMEOUT_SECONDS", "5m"),
+            ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", ""),
+            ("REVISION_IDLE_TIMEOUT_SECONDS", "-3"),
+            ("ENABLE_HTTP2_AUTO_DETECTION", "yes"),
+            ("ENABLE_HTTP_FULL_DUPLEX", "on"),
+            ("ENABLE_MULTI_CONTAINER_PROBES", "2"),
+            ("SERVING_READINESS_PROBE", "{\"httpGet\":"),
+            ("SERVING_LOGGING_LEVEL", "chatty"),
+            (
+                "OBSERVABILITY_CONFIG",
+                "{\"metrics\":{\"protocol\":\"smtp\"}}",
+            ),
+            ("QUEUE_PROXY_TLS_MAX_VERSION", "2.0"),
+            ("QPROXY_ADMIN_PORT", "x"),
+            ("QPROXY_STATS_PORT", "-9090"),
+            ("QPROXY_METRICS_PORT", ""),
+            ("QPROXY_PROFILING_PORT", "70000"),
+        ] {
+            let mut vars = defaults();
+            vars.set(name, value);
+            let err = Config::from_vars(&vars).unwrap_err();
+            assert_eq!(err.variable(), name, "{name}={value}: {err}");
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("{name}={value:?} is invalid: ")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_variables_are_ignored() {
+        let mut vars = defaults();
+        vars.set("SOMETHING_KNATIVE_ADDS_LATER", "{{not json");
+        vars.set("KUBERNETES_SERVICE_HOST", "10.0.0.1");
+        assert!(Config::from_vars(&vars).is_ok());
+    }
+
+    #[test]
+    fn readiness_probe_single_and_multi() {
+        let mut vars = defaults();
+        vars.set(
+            "SERVING_READINESS_PROBE",
+            r#"{"tcpSocket":{"port":8080,"host":"127.0.0.1"},"successThreshold":1}"#,
+        );
+        let c = Config::from_vars(&vars).unwrap();
+        assert_eq!(c.readiness_probes.len(), 1);
+
+        vars.set("ENABLE_MULTI_CONTAINER_PROBES", "true");
+        let err = Config::from_vars(&vars).unwrap_err();
+        assert_eq!(err.variable(), "SERVING_READINESS_PROBE");
+
+        vars.set(
+            "SERVING_READINESS_PROBE",
+            r#"[{"tcpSocket":{"port":8080}},{"httpGet":{"port":8081,"path":"/ready"}}]"#,
+        );
+        let c = Config::from_vars(&vars).unwrap();
+        assert_eq!(c.readiness_probes.len(), 2);
+        assert!(c.features.multi_container_probes);
+    }
+
+    #[test]
+    fn timeouts_and_ports_overrides() {
+        let mut vars = defaults();
+        vars.set("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "10");
+        vars.set("REVISION_IDLE_TIMEOUT_SECONDS", "20");
+        vars.set("QPROXY_ADMIN_PORT", "0");
+        vars.set("QPROXY_STATS_PORT", "19090");
+        let c = Config::from_vars(&vars).unwrap();
+        assert_eq!(c.timeouts.response_start, Some(Duration::from_secs(10)));
+        assert_eq!(c.timeouts.idle, Some(Duration::from_secs(20)));
+        assert_eq!((c.ports.admin, c.ports.stats), (0, 19090));
+    }
+
+    #[test]
+    fn long_values_are_shortened_in_errors() {
+        let mut vars = defaults();
+        let long = format!("{{{}", "x".repeat(1000));
+        vars.set("SERVING_READINESS_PROBE", long);
+        let ConfigError::Invalid { value, .. } = Config::from_vars(&vars).unwrap_err() else {
+            panic!("expected invalid")
+        };
+        assert_eq!(value.chars().count(), 201);
+        assert!(value.ends_with('…'));
+    }
+}
