@@ -1,0 +1,555 @@
+//! Log lines in the shape Knative's zap loggers write them.
+//!
+//! Every line is one JSON object on stdout:
+//!
+//! ```json
+//! {"severity":"INFO","timestamp":"2026-01-02T03:04:05.123456789Z","logger":"queueproxy",
+//!  "caller":"src/server.rs:88","message":"...","knative.dev/key":"ns/rev",
+//!  "knative.dev/pod":"pod", ...event fields}
+//! ```
+//!
+//! Keys, severity spelling and timestamp format come from
+//! `SERVING_LOGGING_CONFIG` (see [`Logging`]); the field order is zap's. The
+//! layer is a plain [`tracing_subscriber::Layer`], so code logs with
+//! `tracing`'s macros. Events from dependencies are shown from `WARN` up only.
+
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::time::SystemTime;
+
+use time::OffsetDateTime;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level as TraceLevel, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::prelude::*;
+
+use crate::config::{Level, LevelStyle, Logging, Revision, TimeStyle};
+
+/// A [`Layer`] writing zap-style JSON lines to stdout.
+#[derive(Debug)]
+pub struct ZapLayer {
+    format: Format,
+    max: TraceLevel,
+}
+
+#[derive(Debug)]
+struct Format {
+    logging: Logging,
+    logger: &'static str,
+    /// `,"knative.dev/key":"...","knative.dev/pod":"..."`, rendered once.
+    context: String,
+}
+
+impl ZapLayer {
+    /// A layer for the given format, naming the revision and pod on every line.
+    pub fn new(logging: &Logging, revision: &Revision) -> Self {
+        let mut context = String::new();
+        context.push_str(",\"knative.dev/key\":");
+        push_json_str(
+            &mut context,
+            &format!("{}/{}", revision.namespace, revision.name),
+        );
+        context.push_str(",\"knative.dev/pod\":");
+        push_json_str(&mut context, &revision.pod);
+        let logger = if logging.fallback_reason.is_some() {
+            "fallback-logger.queueproxy"
+        } else {
+            "queueproxy"
+        };
+        Self {
+            format: Format {
+                logging: logging.clone(),
+                logger,
+                context,
+            },
+            max: match logging.level {
+                Level::Debug => TraceLevel::DEBUG,
+                Level::Info => TraceLevel::INFO,
+                Level::Warn => TraceLevel::WARN,
+                Level::Error => TraceLevel::ERROR,
+            },
+        }
+    }
+
+    fn wants(&self, meta: &Metadata<'_>) -> bool {
+        let ours = meta.target().starts_with(env!("CARGO_CRATE_NAME"));
+        let max = if ours {
+            self.max
+        } else {
+            self.max.min(TraceLevel::WARN)
+        };
+        *meta.level() <= max
+    }
+
+    /// Renders one event as a JSON line (with the trailing newline).
+    fn render(&self, event: &Event<'_>, now: SystemTime) -> String {
+        let f = &self.format;
+        let cfg = &f.logging;
+        let meta = event.metadata();
+        let mut line = String::with_capacity(256);
+        line.push('{');
+        let mut first = true;
+        let mut key = |line: &mut String, k: &str| {
+            if !std::mem::take(&mut first) {
+                line.push(',');
+            }
+            push_json_str(line, k);
+            line.push(':');
+        };
+        if let Some(k) = &cfg.level_key {
+            key(&mut line, k);
+            push_json_str(&mut line, severity(cfg.level_style, *meta.level()));
+        }
+        if let Some(k) = &cfg.time_key {
+            key(&mut line, k);
+            push_time(&mut line, cfg.time_style, now);
+        }
+        if let Some(k) = &cfg.name_key {
+            key(&mut line, k);
+            push_json_str(&mut line, f.logger);
+        }
+        if let (Some(k), Some(file)) = (&cfg.caller_key, meta.file()) {
+            key(&mut line, k);
+            let caller = format!("{}:{}", short_caller(file), meta.line().unwrap_or(0));
+            push_json_str(&mut line, &caller);
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if let Some(k) = &cfg.message_key {
+            key(&mut line, k);
+            push_json_str(&mut line, &fields.message);
+        }
+        if first {
+            // Every key was switched off: keep the object well-formed.
+            line.push_str(&f.context[1..]);
+        } else {
+            line.push_str(&f.context);
+        }
+        line.push_str(&fields.rest);
+        line.push_str("}\n");
+        line
+    }
+}
+
+impl<S: Subscriber> Layer<S> for ZapLayer {
+    fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        self.wants(meta)
+    }
+
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let line = self.render(event, SystemTime::now());
+        // A closed stdout is no reason to stop serving.
+        let _ = std::io::stdout().lock().write_all(line.as_bytes());
+    }
+}
+
+/// Installs the JSON logger for the whole process and routes panics through
+/// it. Does nothing if a logger is already installed.
+pub fn init(logging: &Logging, revision: &Revision) {
+    let layer = ZapLayer::new(logging, revision);
+    if tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).is_err()
+    {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let payload = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(panic = %payload, location = %location, "task panicked");
+    }));
+    if let Some(reason) = &logging.fallback_reason {
+        tracing::warn!(
+            error = %reason,
+            "Failed to parse logging config - using default zap production config"
+        );
+    }
+}
+
+fn severity(style: LevelStyle, level: TraceLevel) -> &'static str {
+    match (style, level) {
+        (LevelStyle::Lowercase, TraceLevel::ERROR) => "error",
+        (LevelStyle::Lowercase, TraceLevel::WARN) => "warn",
+        (LevelStyle::Lowercase, TraceLevel::INFO) => "info",
+        (LevelStyle::Lowercase, _) => "debug",
+        (_, TraceLevel::ERROR) => "ERROR",
+        (LevelStyle::Stackdriver, TraceLevel::WARN) => "WARNING",
+        (_, TraceLevel::WARN) => "WARN",
+        (_, TraceLevel::INFO) => "INFO",
+        (_, _) => "DEBUG",
+    }
+}
+
+/// zap's short caller: the file's directory and name, `pkg/file.go:line`.
+fn short_caller(file: &str) -> &str {
+    match file.rfind('/') {
+        Some(last) => match file[..last].rfind('/') {
+            Some(prev) => &file[prev + 1..],
+            None => file,
+        },
+        None => file,
+    }
+}
+
+fn push_time(out: &mut String, style: TimeStyle, now: SystemTime) {
+    let since_epoch = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let t = OffsetDateTime::from(now);
+    let date = |out: &mut String| {
+        let _ = write!(
+            out,
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        );
+    };
+    match style {
+        TimeStyle::Rfc3339Nano => {
+            out.push('"');
+            date(out);
+            let nanos = t.nanosecond();
+            if nanos != 0 {
+                let digits = format!("{nanos:09}");
+                out.push('.');
+                out.push_str(digits.trim_end_matches('0'));
+            }
+            out.push_str("Z\"");
+        }
+        TimeStyle::Rfc3339 => {
+            out.push('"');
+            date(out);
+            out.push_str("Z\"");
+        }
+        TimeStyle::Iso8601 => {
+            out.push('"');
+            date(out);
+            let _ = write!(out, ".{:03}Z\"", t.millisecond());
+        }
+        TimeStyle::Millis => {
+            let _ = write!(out, "{}", since_epoch.as_secs_f64() * 1e3);
+        }
+        TimeStyle::Nanos => {
+            let _ = write!(out, "{}", since_epoch.as_nanos());
+        }
+        TimeStyle::Epoch => {
+            let _ = write!(out, "{}", since_epoch.as_secs_f64());
+        }
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Collects an event's message and renders its other fields as JSON members.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    /// `,"k":v` for each field but the message.
+    rest: String,
+}
+
+impl Fields {
+    fn key(&mut self, field: &Field) {
+        self.rest.push(',');
+        push_json_str(&mut self.rest, field.name());
+        self.rest.push(':');
+    }
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.message = text;
+        } else {
+            self.key(field);
+            push_json_str(&mut self.rest, &text);
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            value.clone_into(&mut self.message);
+        } else {
+            self.key(field);
+            push_json_str(&mut self.rest, value);
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.key(field);
+        let _ = write!(self.rest, "{value}");
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.key(field);
+        let _ = write!(self.rest, "{value}");
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.key(field);
+        let _ = write!(self.rest, "{value}");
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.key(field);
+        if value.is_finite() {
+            let _ = write!(self.rest, "{value}");
+        } else {
+            push_json_str(&mut self.rest, &value.to_string());
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        // Like Go's wrapped errors: the whole chain in one string.
+        let mut text = value.to_string();
+        let mut source = value.source();
+        while let Some(e) = source {
+            let _ = write!(text, ": {e}");
+            source = e.source();
+        }
+        self.key(field);
+        push_json_str(&mut self.rest, &text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Vars, knative_defaults};
+
+    /// A layer that renders with [`ZapLayer`] into memory.
+    struct Capture {
+        inner: ZapLayer,
+        lines: Arc<Mutex<Vec<String>>>,
+        now: SystemTime,
+    }
+
+    impl<S: Subscriber> Layer<S> for Capture {
+        fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
+            self.inner.wants(meta)
+        }
+
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            let line = self.inner.render(event, self.now);
+            self.lines.lock().unwrap().push(line);
+        }
+    }
+
+    fn capture(logging: &Logging, now: SystemTime, f: impl FnOnce()) -> Vec<serde_json::Value> {
+        capture_raw(logging, now, f)
+            .iter()
+            .map(|l| {
+                assert!(l.ends_with("}\n"), "{l}");
+                serde_json::from_str(l).unwrap()
+            })
+            .collect()
+    }
+
+    fn capture_raw(logging: &Logging, now: SystemTime, f: impl FnOnce()) -> Vec<String> {
+        let vars = knative_defaults(8080);
+        let config = crate::config::Config::from_vars(&vars).unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let layer = Capture {
+            inner: ZapLayer::new(logging, &config.revision),
+            lines: lines.clone(),
+            now,
+        };
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        std::mem::take(&mut *lines.lock().unwrap())
+    }
+
+    fn at(secs: u64, nanos: u32) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::new(secs, nanos)
+    }
+
+    fn logging(config: &str, level: &str) -> Logging {
+        Logging::from_vars(&Vars::from_pairs([
+            ("SERVING_LOGGING_CONFIG", config),
+            ("SERVING_LOGGING_LEVEL", level),
+        ]))
+        .unwrap()
+    }
+
+    #[test]
+    fn default_shape_matches_knative() {
+        let raw = capture_raw(&Logging::default(), at(1_700_000_000, 120_000_000), || {
+            tracing::info!(listener = "main", port = 8012u64, "Starting http server");
+        });
+        let line: serde_json::Value = serde_json::from_str(&raw[0]).unwrap();
+        let mut keys: Vec<&str> = line
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        // zap's order: level, time, name, caller, message, context, fields.
+        keys.sort_by_key(|k| raw[0].find(&format!("\"{k}\":")).unwrap());
+        assert_eq!(
+            keys,
+            [
+                "severity",
+                "timestamp",
+                "logger",
+                "caller",
+                "message",
+                "knative.dev/key",
+                "knative.dev/pod",
+                "listener",
+                "port"
+            ]
+        );
+        assert_eq!(line["severity"], "INFO");
+        assert_eq!(line["timestamp"], "2023-11-14T22:13:20.12Z");
+        assert_eq!(line["logger"], "queueproxy");
+        assert!(
+            line["caller"]
+                .as_str()
+                .unwrap()
+                .starts_with("observe/log.rs:")
+        );
+        assert_eq!(line["message"], "Starting http server");
+        assert_eq!(line["knative.dev/key"], "default/hello-00001");
+        assert_eq!(
+            line["knative.dev/pod"],
+            "hello-00001-deployment-6d8d4bd5b-x7k2p"
+        );
+        assert_eq!(line["port"], 8012);
+    }
+
+    #[test]
+    fn whole_seconds_have_no_fraction() {
+        let lines = capture(&Logging::default(), at(1_700_000_000, 0), || {
+            tracing::warn!("w");
+        });
+        assert_eq!(lines[0]["timestamp"], "2023-11-14T22:13:20Z");
+        assert_eq!(lines[0]["severity"], "WARNING");
+    }
+
+    #[test]
+    fn level_threshold_applies() {
+        let lines = capture(&logging("", "warn"), at(0, 0), || {
+            tracing::debug!("d");
+            tracing::info!("i");
+            tracing::warn!("w");
+            tracing::error!("e");
+        });
+        let messages: Vec<_> = lines.iter().map(|l| l["message"].clone()).collect();
+        assert_eq!(messages, ["w", "e"]);
+    }
+
+    #[test]
+    fn knative_example_config_is_lowercase_iso8601() {
+        let cfg = logging(
+            r#"{"encoderConfig":{"timeKey":"timestamp","levelKey":"severity","levelEncoder":"","timeEncoder":"iso8601"}}"#,
+            "debug",
+        );
+        let lines = capture(&cfg, at(1_700_000_000, 5_000_000), || {
+            tracing::debug!("d");
+        });
+        assert_eq!(lines[0]["severity"], "debug");
+        assert_eq!(lines[0]["timestamp"], "2023-11-14T22:13:20.005Z");
+    }
+
+    #[test]
+    fn custom_keys_and_omitted_keys() {
+        let cfg = logging(
+            r#"{"encoderConfig":{"levelKey":"lvl","timeKey":"","nameKey":"","callerKey":"","messageKey":"msg","levelEncoder":"capital","timeEncoder":"nanos"}}"#,
+            "",
+        );
+        let lines = capture(&cfg, at(1, 5), || tracing::warn!("careful"));
+        let obj = lines[0].as_object().unwrap();
+        assert_eq!(obj["lvl"], "WARN");
+        assert_eq!(obj["msg"], "careful");
+        assert!(!obj.contains_key("timestamp"));
+        assert!(!obj.contains_key("logger"));
+        assert!(!obj.contains_key("caller"));
+    }
+
+    #[test]
+    fn nanos_and_epoch_times_are_numbers() {
+        let cfg = logging(r#"{"encoderConfig":{"timeEncoder":"nanos"}}"#, "");
+        let lines = capture(&cfg, at(1, 5), || tracing::info!("x"));
+        assert_eq!(lines[0]["timestamp"], 1_000_000_005u64);
+        let cfg = logging(r#"{"encoderConfig":{"timeEncoder":"epoch"}}"#, "");
+        let lines = capture(&cfg, at(2, 500_000_000), || tracing::info!("x"));
+        assert_eq!(lines[0]["timestamp"], 2.5);
+    }
+
+    #[test]
+    fn fallback_logger_is_named() {
+        let cfg = logging("{broken", "");
+        let lines = capture(&cfg, at(0, 0), || tracing::info!("x"));
+        assert_eq!(lines[0]["logger"], "fallback-logger.queueproxy");
+    }
+
+    #[test]
+    fn strings_are_escaped_and_errors_carry_their_chain() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let err = Outer(std::io::Error::other("inner \"quoted\""));
+        let lines = capture(&Logging::default(), at(0, 0), || {
+            tracing::error!(
+                error = &err as &(dyn std::error::Error + 'static),
+                text = "a\nb\u{1}",
+                "boom"
+            );
+        });
+        assert_eq!(lines[0]["error"], "outer: inner \"quoted\"");
+        assert_eq!(lines[0]["text"], "a\nb\u{1}");
+        assert_eq!(lines[0]["severity"], "ERROR");
+    }
+
+    #[test]
+    fn dependency_events_below_warn_are_dropped() {
+        let lines = capture(&logging("", "debug"), at(0, 0), || {
+            tracing::debug!(target: "h2::codec", "frame");
+            tracing::warn!(target: "h2::codec", "odd peer");
+            tracing::debug!("ours");
+        });
+        let messages: Vec<_> = lines.iter().map(|l| l["message"].clone()).collect();
+        assert_eq!(messages, ["odd peer", "ours"]);
+    }
+
+    #[test]
+    fn short_caller_keeps_the_last_directory() {
+        assert_eq!(short_caller("crates/qproxy/src/server.rs"), "src/server.rs");
+        assert_eq!(
+            short_caller("src/layers/forwarded.rs"),
+            "layers/forwarded.rs"
+        );
+        assert_eq!(short_caller("main.rs"), "main.rs");
+        assert_eq!(short_caller("src/main.rs"), "src/main.rs");
+    }
+}

@@ -1,0 +1,3 @@
+//! What qproxy tells its operators: logs (and, later, metrics and traces).
+
+pub mod log;
