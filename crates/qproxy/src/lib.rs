@@ -1,9 +1,205 @@
 //! qproxy: a drop-in replacement for Knative Serving's queue-proxy.
 //!
+//! Knative starts a queue-proxy next to every serverless app: every request
+//! to the app crosses it. qproxy starts where the queue-proxy starts (same
+//! environment, same ports) and answers the same way, at a fraction of the
+//! cost.
+//!
 //! - [`config`]: the environment contract, parsed once into a [`Config`].
+//! - [`server`]: dual-stack listeners; HTTP/1.1 and h2c on one port.
+//! - [`stack`]: the request layers of the main port, in Knative's order.
+//! - [`layers`]: one module per layer.
+//! - [`proxy`]: the reverse proxy to the user container.
+//! - [`admin`]: the admin, stats and metrics ports.
 //! - [`observe`]: logs in Knative's zap JSON shape.
 
+pub mod admin;
+pub mod body;
 pub mod config;
+pub mod headers;
+pub mod layers;
 pub mod observe;
+pub mod proxy;
+pub mod server;
+pub mod stack;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tower::service_fn;
 
 pub use config::{Config, ConfigError};
+pub use server::BindError;
+
+use crate::proxy::Upstream;
+use crate::server::{Listener, admin_builder, main_builder, serve};
+use crate::stack::Shared;
+
+/// Why qproxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The environment was rejected.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A port could not be listened on.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// Anything else at start-up.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A queue-proxy whose ports are bound, ready to serve.
+#[derive(Debug)]
+pub struct Server {
+    config: Arc<Config>,
+    main: Listener,
+    admin: Listener,
+    stats: Listener,
+    metrics: Option<Listener>,
+}
+
+/// The addresses a [`Server`] listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Addrs {
+    /// Main proxy port.
+    pub main: SocketAddr,
+    /// Admin port.
+    pub admin: SocketAddr,
+    /// Autoscaler stats port.
+    pub stats: SocketAddr,
+    /// User metrics port, when request metrics are served as Prometheus.
+    pub metrics: Option<SocketAddr>,
+}
+
+impl Server {
+    /// Binds every port the configuration asks for. Must be called within a
+    /// Tokio runtime.
+    pub fn bind(config: Config) -> Result<Self, Error> {
+        let ports = config.ports;
+        Ok(Self {
+            main: Listener::bind("main", ports.main)?,
+            admin: Listener::bind("admin", ports.admin)?,
+            stats: Listener::bind("stats", ports.stats)?,
+            metrics: if config.observability.prometheus_metrics() {
+                Some(Listener::bind("metrics", ports.metrics)?)
+            } else {
+                None
+            },
+            config: Arc::new(config),
+        })
+    }
+
+    /// Where the server listens.
+    pub fn addrs(&self) -> Addrs {
+        Addrs {
+            main: self.main.local_addr(),
+            admin: self.admin.local_addr(),
+            stats: self.stats.local_addr(),
+            metrics: self.metrics.as_ref().map(Listener::local_addr),
+        }
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting connections
+    /// and waits for the requests in flight.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+        let config = self.config;
+        let shared = Shared {
+            upstream: Arc::new(Upstream::new(
+                config.ports.user,
+                config.upstream_idle_connections(),
+            )),
+        };
+        let graceful = Arc::new(GracefulShutdown::new());
+        let (stop, stopped) = watch::channel(false);
+
+        tracing::info!(
+            revision = %config.revision.name,
+            user_port = config.ports.user,
+            container_concurrency = config.container_concurrency,
+            "Starting queue-proxy"
+        );
+        let mut servers = JoinSet::new();
+        servers.spawn(serve(
+            self.main,
+            main_builder(),
+            move |conn| stack::main_service(&shared, conn),
+            graceful.clone(),
+            stopped.clone(),
+        ));
+        servers.spawn(serve(
+            self.admin,
+            admin_builder(),
+            |_| service_fn(admin::admin),
+            graceful.clone(),
+            stopped.clone(),
+        ));
+        servers.spawn(serve(
+            self.stats,
+            admin_builder(),
+            |_| service_fn(admin::stats),
+            graceful.clone(),
+            stopped.clone(),
+        ));
+        if let Some(metrics) = self.metrics {
+            servers.spawn(serve(
+                metrics,
+                admin_builder(),
+                |_| service_fn(admin::metrics),
+                graceful.clone(),
+                stopped.clone(),
+            ));
+        }
+
+        shutdown.await;
+        tracing::info!("Received TERM signal, attempting to gracefully shutdown servers.");
+        let _ = stop.send(true);
+        while servers.join_next().await.is_some() {}
+        if let Some(graceful) = Arc::into_inner(graceful) {
+            graceful.shutdown().await;
+        }
+        tracing::info!("Shutdown complete, exiting...");
+        Ok(())
+    }
+}
+
+/// Serves `config` until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<(), Error> {
+    Server::bind(config)?.run(shutdown_signal()).await
+}
+
+/// Completes on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        r = tokio::signal::ctrl_c() => {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "cannot watch SIGINT");
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}

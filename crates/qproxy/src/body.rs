@@ -1,0 +1,68 @@
+//! The response body qproxy hands to hyper.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// A response body: streamed from the user container, or made by qproxy.
+///
+/// Upstream bodies are passed through frame by frame (data as the app writes
+/// it, then trailers), never collected.
+#[derive(Debug)]
+pub enum Body {
+    /// Streamed from the user container.
+    Upstream(Incoming),
+    /// A complete body qproxy produced (error texts, probe answers).
+    Full(Option<Bytes>),
+}
+
+impl Body {
+    /// An empty body.
+    pub fn empty() -> Self {
+        Body::Full(None)
+    }
+
+    /// A body holding `data`.
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data = data.into();
+        Body::Full((!data.is_empty()).then_some(data))
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Body::Upstream(b) => {
+                let polled = Pin::new(b).poll_frame(cx);
+                if let Poll::Ready(Some(Err(e))) = &polled {
+                    tracing::debug!(error = %e, "response body from the user container failed");
+                }
+                polled
+            }
+            Body::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Upstream(b) => b.is_end_stream(),
+            Body::Full(data) => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Upstream(b) => b.size_hint(),
+            Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}

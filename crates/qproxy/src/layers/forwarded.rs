@@ -1,0 +1,257 @@
+//! The `Forwarded` shim: RFC 7239 `Forwarded` synthesised from the de-facto
+//! `X-Forwarded-*` headers when the request carries none.
+//!
+//! Knative's queue-proxy does this so apps can rely on the standard header
+//! whatever the ingress sends. The value is built exactly as Knative builds
+//! it (`pkg/queue/forwarded_shim.go`): the first `X-Forwarded-For` node with
+//! `host=` and `proto=`, then one `for=` per further node; a node containing
+//! `:` is taken for IPv6 and written `"[node]"`. `X-Forwarded-By` is ignored.
+//! Only the first value of each header is read.
+
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, HeaderValue, Request};
+use tower::{Layer, Service};
+
+use crate::headers::{FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+
+/// Adds [`Forwarded`] to a stack.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ForwardedLayer;
+
+impl<S> Layer<S> for ForwardedLayer {
+    type Service = Forwarded<S>;
+
+    fn layer(&self, inner: S) -> Forwarded<S> {
+        Forwarded { inner }
+    }
+}
+
+/// Synthesises `Forwarded` before calling the inner service.
+#[derive(Debug, Clone)]
+pub struct Forwarded<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for Forwarded<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        shim(req.headers_mut());
+        self.inner.call(req)
+    }
+}
+
+/// Inserts the synthesised `Forwarded` header, if one is due.
+pub fn shim(headers: &mut HeaderMap) {
+    if let Some(value) = synthesize(headers) {
+        headers.insert(FORWARDED, value);
+    }
+}
+
+/// The `Forwarded` value Knative would synthesise for these headers, or
+/// `None` when there is a `Forwarded` header already or no `X-Forwarded-*`.
+pub fn synthesize(headers: &HeaderMap) -> Option<HeaderValue> {
+    let first = |name| {
+        headers
+            .get(name)
+            .map(HeaderValue::as_bytes)
+            .unwrap_or_default()
+    };
+    if !first(FORWARDED).is_empty() {
+        return None;
+    }
+    let xff = first(X_FORWARDED_FOR);
+    let xfp = first(X_FORWARDED_PROTO);
+    let xfh = first(X_FORWARDED_HOST);
+    if xff.is_empty() && xfp.is_empty() && xfh.is_empty() {
+        return None;
+    }
+
+    let mut out = Vec::with_capacity(xff.len() + xfp.len() + xfh.len() + 16);
+    // Knative drops the empty node after a trailing comma ("a," is one node)
+    // but keeps empty nodes in the middle ("a,,b" is three).
+    let mut nodes = xff
+        .strip_suffix(b",")
+        .unwrap_or(xff)
+        .split(|&b| b == b',')
+        .map(trim);
+    let node = if xff.is_empty() {
+        &[][..]
+    } else {
+        nodes.next().unwrap_or_default()
+    };
+    if !xff.is_empty() {
+        out.extend_from_slice(b"for=");
+        write_node(&mut out, node);
+    }
+    if !xfh.is_empty() {
+        if !node.is_empty() {
+            out.push(b';');
+        }
+        out.extend_from_slice(b"host=");
+        out.extend_from_slice(xfh);
+    }
+    if !xfp.is_empty() {
+        if !node.is_empty() || !xfh.is_empty() {
+            out.push(b';');
+        }
+        out.extend_from_slice(b"proto=");
+        out.extend_from_slice(xfp);
+    }
+    if !xff.is_empty() {
+        for node in nodes {
+            out.extend_from_slice(b", for=");
+            write_node(&mut out, node);
+        }
+    }
+    // Every byte came from valid header values or is ASCII punctuation.
+    HeaderValue::from_bytes(&out).ok()
+}
+
+fn write_node(out: &mut Vec<u8>, node: &[u8]) {
+    if node.contains(&b':') {
+        out.extend_from_slice(b"\"[");
+        out.extend_from_slice(node);
+        out.extend_from_slice(b"]\"");
+    } else {
+        out.extend_from_slice(node);
+    }
+}
+
+/// Go's `strings.TrimSpace` over the bytes a header value can hold.
+fn trim(s: &[u8]) -> &[u8] {
+    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | 0x0b | 0x0c);
+    let start = s.iter().position(|b| !is_space(b)).unwrap_or(s.len());
+    let end = s
+        .iter()
+        .rposition(|b| !is_space(b))
+        .map_or(start, |e| e + 1);
+    &s[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fwd(pairs: &[(&str, &str)]) -> Option<String> {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        synthesize(&h).map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    // The cases of Knative's forwarded_shim_test.go, and a few of our own.
+    #[test]
+    fn knative_cases() {
+        assert_eq!(fwd(&[]), None);
+        assert_eq!(
+            fwd(&[("forwarded", "for=a"), ("x-forwarded-for", "b")]),
+            None
+        );
+        assert_eq!(
+            fwd(&[("x-forwarded-for", "192.0.2.60")]).as_deref(),
+            Some("for=192.0.2.60")
+        );
+        assert_eq!(
+            fwd(&[("x-forwarded-for", "192.0.2.60, 192.0.2.43")]).as_deref(),
+            Some("for=192.0.2.60, for=192.0.2.43")
+        );
+        assert_eq!(
+            fwd(&[("x-forwarded-for", "2001:db8:cafe::17")]).as_deref(),
+            Some(r#"for="[2001:db8:cafe::17]""#)
+        );
+        assert_eq!(
+            fwd(&[("x-forwarded-proto", "https")]).as_deref(),
+            Some("proto=https")
+        );
+        assert_eq!(
+            fwd(&[("x-forwarded-host", "example.com")]).as_deref(),
+            Some("host=example.com")
+        );
+        assert_eq!(
+            fwd(&[
+                ("x-forwarded-for", "192.0.2.60, 2001:db8:cafe::17"),
+                ("x-forwarded-proto", "http"),
+                ("x-forwarded-host", "example.com"),
+            ])
+            .as_deref(),
+            Some(r#"for=192.0.2.60;host=example.com;proto=http, for="[2001:db8:cafe::17]""#)
+        );
+        assert_eq!(
+            fwd(&[
+                ("x-forwarded-host", "example.com"),
+                ("x-forwarded-proto", "https")
+            ])
+            .as_deref(),
+            Some("host=example.com;proto=https")
+        );
+    }
+
+    #[test]
+    fn only_first_values_count() {
+        assert_eq!(
+            fwd(&[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("x-forwarded-for", "2.2.2.2")
+            ])
+            .as_deref(),
+            Some("for=1.1.1.1")
+        );
+        assert_eq!(
+            fwd(&[
+                ("forwarded", ""),
+                ("forwarded", "for=x"),
+                ("x-forwarded-for", "3.3.3.3")
+            ])
+            .as_deref(),
+            Some("for=3.3.3.3")
+        );
+    }
+
+    #[test]
+    fn odd_lists_follow_knative_byte_for_byte() {
+        // Empty first node: Knative writes "for=" and then no separator.
+        assert_eq!(
+            fwd(&[("x-forwarded-for", " , 1.2.3.4"), ("x-forwarded-host", "h")]).as_deref(),
+            Some("for=host=h, for=1.2.3.4")
+        );
+        // Empty middle node, trailing comma, tabs.
+        assert_eq!(
+            fwd(&[("x-forwarded-for", "a,,\tb\t,")]).as_deref(),
+            Some("for=a, for=, for=b")
+        );
+        assert_eq!(fwd(&[("x-forwarded-for", "a,")]).as_deref(), Some("for=a"));
+        assert_eq!(
+            fwd(&[("x-forwarded-for", "a,,")]).as_deref(),
+            Some("for=a, for=")
+        );
+        assert_eq!(fwd(&[("x-forwarded-for", ",")]).as_deref(), Some("for="));
+        // Already bracketed IPv6 is bracketed again, as Knative does.
+        assert_eq!(
+            fwd(&[("x-forwarded-for", "[::1]:80")]).as_deref(),
+            Some(r#"for="[[::1]:80]""#)
+        );
+    }
+
+    #[test]
+    fn layer_inserts_the_header() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        shim(&mut h);
+        assert_eq!(h[FORWARDED], "for=10.0.0.1");
+    }
+}

@@ -1,0 +1,69 @@
+//! The `qproxy` binary: Knative's queue-proxy, configured by its environment.
+//!
+//! ```text
+//! qproxy            serve, configured by Knative's environment variables
+//! qproxy --version  print the version
+//! ```
+
+use std::process::ExitCode;
+
+use qproxy::Config;
+
+const USAGE: &str = "\
+usage: qproxy [--version | --help]
+
+  (no argument)  serve as Knative's queue-proxy, configured by the environment
+  --version      print the version
+";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let command = args.next();
+    if let Some(extra) = args.next() {
+        eprintln!("qproxy: unexpected argument {extra:?}\n{USAGE}");
+        return ExitCode::from(2);
+    }
+    match command.as_deref() {
+        None => serve(),
+        Some("--version" | "-V" | "version") => {
+            println!("qproxy {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Some("--help" | "-h" | "help") => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Some(other) => {
+            eprintln!("qproxy: unknown argument {other:?}\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn serve() -> ExitCode {
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    qproxy::observe::log::init(&config.logging, &config.revision);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    match runtime.block_on(qproxy::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "Failed to bring up queue-proxy, shutting down.");
+            fail(&e)
+        }
+    }
+}
+
+/// One line on stderr, exit code 1.
+fn fail(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("qproxy: {e}");
+    ExitCode::FAILURE
+}

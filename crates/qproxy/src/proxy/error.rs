@@ -1,0 +1,194 @@
+//! Why a request could not be proxied, worded as Go's HTTP transport words
+//! it: Knative's queue-proxy answers `502` with the error text as the body,
+//! so that text is part of what clients see.
+
+use std::io;
+use std::net::SocketAddr;
+
+/// A failure talking to the user container.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The connection could not be made (app not listening, ...).
+    #[error("dial tcp {addr}: connect: {}", errno_text(.source))]
+    Connect {
+        /// The user container's address.
+        addr: SocketAddr,
+        /// What `connect` said.
+        #[source]
+        source: io::Error,
+    },
+    /// The connection failed while the response was awaited.
+    #[error("read tcp {}->{remote}: read: {}", local.map_or_else(|| "127.0.0.1".to_owned(), |l| l.to_string()), errno_text(.source))]
+    Io {
+        /// Our end of the connection, when known.
+        local: Option<SocketAddr>,
+        /// The user container's address.
+        remote: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: io::Error,
+    },
+    /// The app closed the connection before a complete response.
+    #[error("EOF")]
+    Closed,
+    /// The app sent something that is not HTTP.
+    #[error("net/http: HTTP/1.x transport connection broken: {0}")]
+    Protocol(String),
+    /// The client's request body failed (the client went away).
+    #[error("context canceled")]
+    ClientGone,
+    /// The request's host cannot be sent.
+    #[error("http: invalid Host header")]
+    InvalidHost,
+    /// The client asked to switch to a protocol that is not printable ASCII.
+    #[error("client tried to switch to invalid protocol {0:?}")]
+    InvalidClientUpgrade(String),
+    /// The app switched to a protocol other than the one requested.
+    #[error("backend tried to switch protocol {offered:?} when {requested:?} was requested")]
+    UpgradeMismatch {
+        /// What the client asked for.
+        requested: String,
+        /// What the app switched to.
+        offered: String,
+    },
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl UpstreamError {
+    /// Whether the failure is the client's doing, not worth an error log.
+    pub fn is_client_gone(&self) -> bool {
+        matches!(self, UpstreamError::ClientGone)
+    }
+
+    /// Classifies an error of the HTTP/1 client.
+    pub(crate) fn from_http1(err: hyper_util::client::legacy::Error, remote: SocketAddr) -> Self {
+        let local = err.connect_info().and_then(|c| {
+            let mut ext = http::Extensions::new();
+            c.get_extras(&mut ext);
+            ext.get::<hyper_util::client::legacy::connect::HttpInfo>()
+                .map(|i| i.local_addr())
+        });
+        if err.is_connect() {
+            return match find::<io::Error>(&err) {
+                Some(source) => UpstreamError::Connect {
+                    addr: remote,
+                    source: copy_io(source),
+                },
+                None => UpstreamError::Other(err.to_string()),
+            };
+        }
+        match find::<hyper::Error>(&err) {
+            Some(h) => Self::from_hyper(h, local, remote),
+            None => UpstreamError::Other(err.to_string()),
+        }
+    }
+
+    /// Classifies an error of an HTTP/1 or HTTP/2 connection.
+    pub(crate) fn from_hyper(
+        err: &hyper::Error,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+    ) -> Self {
+        if err.is_user() {
+            return UpstreamError::ClientGone;
+        }
+        if let Some(io) = find::<io::Error>(err) {
+            return UpstreamError::Io {
+                local,
+                remote,
+                source: copy_io(io),
+            };
+        }
+        if err.is_incomplete_message() || err.is_canceled() || err.is_closed() {
+            return UpstreamError::Closed;
+        }
+        if err.is_parse() {
+            return UpstreamError::Protocol(format!("malformed HTTP response: {err}"));
+        }
+        UpstreamError::Other(err.to_string())
+    }
+}
+
+fn find<'a, T: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(t) = e.downcast_ref::<T>() {
+            return Some(t);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// A copy of an I/O error that keeps its OS error number.
+fn copy_io(err: &io::Error) -> io::Error {
+    match err.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(err.kind(), err.to_string()),
+    }
+}
+
+/// The text Go prints for an OS error: the C library's message, lower-cased
+/// (`connection refused`, `connection reset by peer`, ...).
+fn errno_text(err: &io::Error) -> String {
+    let Some(code) = err.raw_os_error() else {
+        return err.to_string();
+    };
+    let text = io::Error::from_raw_os_error(code).to_string();
+    let text = text
+        .strip_suffix(&format!(" (os error {code})"))
+        .unwrap_or(&text);
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_refused_reads_like_go() {
+        let e = UpstreamError::Connect {
+            addr: "127.0.0.1:8080".parse().unwrap(),
+            source: io::Error::from_raw_os_error(111),
+        };
+        assert_eq!(
+            e.to_string(),
+            "dial tcp 127.0.0.1:8080: connect: connection refused"
+        );
+    }
+
+    #[test]
+    fn reset_reads_like_go() {
+        let e = UpstreamError::Io {
+            local: Some("127.0.0.1:48708".parse().unwrap()),
+            remote: "127.0.0.1:18080".parse().unwrap(),
+            source: io::Error::from_raw_os_error(104),
+        };
+        assert_eq!(
+            e.to_string(),
+            "read tcp 127.0.0.1:48708->127.0.0.1:18080: read: connection reset by peer"
+        );
+    }
+
+    #[test]
+    fn fixed_texts() {
+        assert_eq!(UpstreamError::Closed.to_string(), "EOF");
+        assert_eq!(
+            UpstreamError::UpgradeMismatch {
+                requested: "websocket".into(),
+                offered: "h2c".into()
+            }
+            .to_string(),
+            r#"backend tried to switch protocol "h2c" when "websocket" was requested"#
+        );
+        assert!(UpstreamError::ClientGone.is_client_gone());
+    }
+}

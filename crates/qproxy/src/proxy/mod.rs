@@ -1,0 +1,278 @@
+//! The reverse proxy to the user container: the innermost service of the
+//! main port.
+//!
+//! It does what Knative's `NewHeaderPruningReverseProxy` (a Go
+//! `httputil.ReverseProxy`) does to a request: removes the activator's
+//! `Knative-Serving-Revision` and `Knative-Serving-Namespace`, keeps the
+//! host, appends the client's address to `X-Forwarded-For`, drops hop-by-hop
+//! headers ([`hop`]), and sends HTTP/1 as HTTP/1.1 and HTTP/2 as h2c
+//! ([`upstream`]). An upgrade the app accepts with `101` becomes a two-way
+//! byte tunnel ([`tunnel`]). A failure to reach the app is `502` with Go's
+//! error text as the body, logged once.
+
+pub mod error;
+pub mod hop;
+mod tunnel;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, BytesMut};
+use http::header::{CONTENT_TYPE, HOST, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use tower::Service;
+
+use crate::body::Body;
+use crate::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
+pub use error::UpstreamError;
+pub use upstream::Upstream;
+
+/// The reverse proxy for one client connection.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    upstream: Arc<Upstream>,
+    /// `127.0.0.1:USER_PORT`, the authority of HTTP/1 upstream URIs.
+    authority: Authority,
+    /// The client's IP, as appended to `X-Forwarded-For`.
+    client_ip: HeaderValue,
+}
+
+impl Proxy {
+    /// A proxy for requests arriving from `client`.
+    pub fn new(upstream: Arc<Upstream>, client: IpAddr) -> Self {
+        let authority = Authority::try_from(upstream.addr().to_string())
+            .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
+        // An IP address is always a valid header value.
+        let client_ip = HeaderValue::try_from(client.to_canonical().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static(""));
+        Self {
+            upstream,
+            authority,
+            client_ip,
+        }
+    }
+}
+
+impl Service<Request<Incoming>> for Proxy {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            Ok(match this.forward(req).await {
+                Ok(res) => res,
+                Err(err) => error_response(&err),
+            })
+        })
+    }
+}
+
+impl Proxy {
+    async fn forward(&self, mut req: Request<Incoming>) -> Result<Response<Body>, UpstreamError> {
+        let headers = req.headers_mut();
+        headers.remove(KNATIVE_SERVING_REVISION);
+        headers.remove(KNATIVE_SERVING_NAMESPACE);
+        let hop = hop::prepare_request(headers);
+        append_forwarded_for(headers, &self.client_ip);
+
+        let h2 = req.version() == Version::HTTP_2;
+        let client_upgrade = match &hop.upgrade {
+            Some(protocol) if !is_printable(protocol.as_bytes()) => {
+                return Err(UpstreamError::InvalidClientUpgrade(
+                    String::from_utf8_lossy(protocol.as_bytes()).into_owned(),
+                ));
+            }
+            Some(_) if !h2 => Some(hyper::upgrade::on(&mut req)),
+            _ => None,
+        };
+
+        let mut res = if h2 {
+            let req = self.h2_request(req)?;
+            self.upstream.send_h2c(req).await?
+        } else {
+            let req = self.http1_request(req)?;
+            self.upstream.send_http1(req).await?
+        };
+
+        if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let requested = hop.upgrade.as_ref().map(HeaderValue::as_bytes);
+            let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
+            let (Some(client), Some(requested), Some(offered)) =
+                (client_upgrade, requested, offered)
+            else {
+                return Err(mismatch(requested, offered));
+            };
+            if !requested.eq_ignore_ascii_case(offered) {
+                return Err(mismatch(Some(requested), Some(offered)));
+            }
+            tunnel::spawn(client, hyper::upgrade::on(&mut res));
+            return Ok(res.map(|_| Body::empty()));
+        }
+
+        if !h2 {
+            hop::prepare_response(res.headers_mut());
+        }
+        Ok(res.map(Body::Upstream))
+    }
+
+    /// An HTTP/1.1 request to `http://127.0.0.1:USER_PORT` keeping the
+    /// client's host in `Host`.
+    fn http1_request(&self, req: Request<Incoming>) -> Result<Request<Incoming>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        let mut uri = std::mem::take(&mut parts.uri).into_parts();
+        // The host of an absolute-form request line wins over `Host`, as in Go.
+        if let Some(authority) = uri.authority.take() {
+            let host = HeaderValue::try_from(authority.as_str())
+                .map_err(|_| UpstreamError::InvalidHost)?;
+            parts.headers.insert(HOST, host);
+        }
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(self.authority.clone());
+        if uri.path_and_query.is_none() {
+            uri.path_and_query = Some(PathAndQuery::from_static("/"));
+        }
+        parts.uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Other(e.to_string()))?;
+        parts.version = Version::HTTP_11;
+        Ok(Request::from_parts(parts, body))
+    }
+
+    /// An HTTP/2 request whose `:authority` is the client's host.
+    fn h2_request(&self, req: Request<Incoming>) -> Result<Request<Incoming>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        let mut uri = std::mem::take(&mut parts.uri).into_parts();
+        let host = parts.headers.remove(HOST);
+        if uri.authority.is_none() {
+            uri.authority = Some(match host {
+                Some(h) => {
+                    Authority::try_from(h.as_bytes()).map_err(|_| UpstreamError::InvalidHost)?
+                }
+                None => self.authority.clone(),
+            });
+        }
+        uri.scheme = Some(Scheme::HTTP);
+        if uri.path_and_query.is_none() {
+            uri.path_and_query = Some(PathAndQuery::from_static("/"));
+        }
+        parts.uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Other(e.to_string()))?;
+        Ok(Request::from_parts(parts, body))
+    }
+}
+
+/// Appends the client to `X-Forwarded-For`, folding earlier values into one
+/// comma-separated header as Go does.
+fn append_forwarded_for(headers: &mut http::HeaderMap, client_ip: &HeaderValue) {
+    let mut prior = headers.get_all(X_FORWARDED_FOR).iter().peekable();
+    if prior.peek().is_none() {
+        headers.insert(X_FORWARDED_FOR, client_ip.clone());
+        return;
+    }
+    let mut joined = BytesMut::with_capacity(64);
+    for v in prior {
+        joined.put_slice(v.as_bytes());
+        joined.put_slice(b", ");
+    }
+    joined.put_slice(client_ip.as_bytes());
+    if let Ok(value) = HeaderValue::from_maybe_shared(joined.freeze()) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+}
+
+fn is_printable(s: &[u8]) -> bool {
+    s.iter().all(|b| (b' '..=b'~').contains(b))
+}
+
+fn mismatch(requested: Option<&[u8]>, offered: Option<&[u8]>) -> UpstreamError {
+    let text = |v: Option<&[u8]>| String::from_utf8_lossy(v.unwrap_or_default()).into_owned();
+    UpstreamError::UpgradeMismatch {
+        requested: text(requested),
+        offered: text(offered),
+    }
+}
+
+/// The `502` Knative answers when the app cannot be reached: Go's
+/// `http.Error` with the error text.
+fn error_response(err: &UpstreamError) -> Response<Body> {
+    if err.is_client_gone() {
+        tracing::debug!(error = %err, "request context canceled");
+    } else {
+        let sockstat = std::fs::read_to_string("/proc/net/sockstat").unwrap_or_default();
+        tracing::error!(
+            error = %err,
+            "error reverse proxying request; sockstat: {sockstat}"
+        );
+    }
+    plain_text(StatusCode::BAD_GATEWAY, format!("{err}\n"))
+}
+
+/// A text response shaped like Go's `http.Error`.
+pub fn plain_text(status: StatusCode, text: impl Into<bytes::Bytes>) -> Response<Body> {
+    let mut res = Response::new(Body::full(text));
+    *res.status_mut() = status;
+    let headers = res.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_for_is_appended_and_folded() {
+        let ip = HeaderValue::from_static("10.1.2.3");
+        let mut h = http::HeaderMap::new();
+        append_forwarded_for(&mut h, &ip);
+        assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
+
+        let mut h = http::HeaderMap::new();
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1"));
+        h.append(
+            X_FORWARDED_FOR,
+            HeaderValue::from_static("2.2.2.2, 3.3.3.3"),
+        );
+        append_forwarded_for(&mut h, &ip);
+        assert_eq!(
+            h.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(),
+            ["1.1.1.1, 2.2.2.2, 3.3.3.3, 10.1.2.3"]
+        );
+
+        let mut h = http::HeaderMap::new();
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static(""));
+        append_forwarded_for(&mut h, &ip);
+        assert_eq!(h[X_FORWARDED_FOR], ", 10.1.2.3");
+    }
+
+    #[test]
+    fn client_ip_is_canonical() {
+        let upstream = Arc::new(Upstream::new(8080, 1));
+        let mapped: IpAddr = "::ffff:192.0.2.9".parse().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        assert_eq!(Proxy::new(upstream.clone(), mapped).client_ip, "192.0.2.9");
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(Proxy::new(upstream, v6).client_ip, "2001:db8::1");
+    }
+}

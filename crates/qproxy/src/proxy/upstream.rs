@@ -1,0 +1,153 @@
+//! Connections to the user container at `127.0.0.1:USER_PORT`.
+//!
+//! HTTP/1 requests go out as HTTP/1.1 over a keep-alive pool that keeps at
+//! most `CONTAINER_CONCURRENCY` idle connections (1000 when unlimited), as
+//! Knative's transport does. HTTP/2 requests go out as h2c (prior knowledge)
+//! over one shared, multiplexed connection, made on first use and remade
+//! when it closes.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use super::error::UpstreamError;
+
+/// How long an idle pooled connection is kept (Go's transport default).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// TCP keep-alive on upstream connections (Knative's dialer).
+const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// The user container, reachable over HTTP/1.1 and h2c.
+#[derive(Debug)]
+pub struct Upstream {
+    addr: SocketAddr,
+    http1: Client<HttpConnector, Incoming>,
+    h2c: H2c,
+}
+
+impl Upstream {
+    /// Clients for the user container on `127.0.0.1:port`, keeping at most
+    /// `max_idle` idle HTTP/1 connections.
+    pub fn new(port: u16, max_idle: usize) -> Self {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(TCP_KEEPALIVE));
+        let http1 = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(max_idle)
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Self {
+            addr,
+            http1,
+            h2c: H2c {
+                addr,
+                conn: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+            },
+        }
+    }
+
+    /// The user container's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sends an HTTP/1.1 request; its URI must be absolute
+    /// (`http://127.0.0.1:PORT/...`).
+    pub async fn send_http1(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        self.http1
+            .request(req)
+            .await
+            .map_err(|e| UpstreamError::from_http1(e, self.addr))
+    }
+
+    /// Sends an HTTP/2 request over h2c; its URI carries the `:authority`
+    /// the app should see.
+    pub async fn send_h2c(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        self.h2c.send(req).await
+    }
+}
+
+/// The shared h2c connection.
+#[derive(Debug)]
+struct H2c {
+    addr: SocketAddr,
+    conn: Mutex<Option<Live>>,
+    /// Held while connecting, so concurrent first requests share one connection.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Clone)]
+struct Live {
+    sender: http2::SendRequest<Incoming>,
+    local: SocketAddr,
+}
+
+impl H2c {
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+        let mut live = self.live().await?;
+        live.sender
+            .ready()
+            .await
+            .map_err(|e| UpstreamError::from_hyper(&e, Some(live.local), self.addr))?;
+        live.sender
+            .send_request(req)
+            .await
+            .map_err(|e| UpstreamError::from_hyper(&e, Some(live.local), self.addr))
+    }
+
+    fn current(&self) -> Option<Live> {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        conn.as_ref().filter(|c| !c.sender.is_closed()).cloned()
+    }
+
+    async fn live(&self) -> Result<Live, UpstreamError> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let live = self.connect().await?;
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
+        Ok(live)
+    }
+
+    async fn connect(&self) -> Result<Live, UpstreamError> {
+        let connect_error = |source| UpstreamError::Connect {
+            addr: self.addr,
+            source,
+        };
+        let tcp = TcpStream::connect(self.addr).await.map_err(connect_error)?;
+        tcp.set_nodelay(true).map_err(connect_error)?;
+        let local = tcp.local_addr().map_err(connect_error)?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| UpstreamError::from_hyper(&e, Some(local), self.addr))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "h2c connection to the user container ended");
+            }
+        });
+        Ok(Live { sender, local })
+    }
+}

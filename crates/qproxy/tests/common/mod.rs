@@ -1,0 +1,373 @@
+//! Shared pieces of the integration tests: the real `qproxy` binary started
+//! as a child process, real apps on loopback, and clients.
+//!
+//! Nothing waits by sleeping: every wait is on a condition with a deadline.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+
+/// How long any single wait in a test may take before it fails.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Fails the test if `fut` does not finish within [`DEADLINE`].
+pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(DEADLINE, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// A running `qproxy` process, killed when dropped.
+pub struct QProxy {
+    child: Child,
+    logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
+    /// Main port, on IPv4 loopback.
+    pub main: SocketAddr,
+    /// Admin port.
+    pub admin: SocketAddr,
+    /// Autoscaler stats port.
+    pub stats: SocketAddr,
+    /// User metrics port, when served.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// The environment a default Knative install gives a revision whose app
+/// listens on `user_port`, with every qproxy port on "any free port".
+pub fn knative_env(user_port: u16) -> Vec<(String, String)> {
+    let mut vars = qproxy::config::knative_defaults(user_port);
+    for name in [
+        "QUEUE_SERVING_PORT",
+        "QPROXY_ADMIN_PORT",
+        "QPROXY_STATS_PORT",
+        "QPROXY_METRICS_PORT",
+    ] {
+        vars.set(name, "0");
+    }
+    vars.iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Runs `qproxy` with exactly `env` (nothing inherited) and waits for it to exit.
+pub fn run_to_exit(env: &[(String, String)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_qproxy"))
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("qproxy runs")
+}
+
+impl QProxy {
+    /// Starts qproxy in front of an app on `user_port`, with Knative's
+    /// default environment changed by `overrides`.
+    pub fn start(user_port: u16, overrides: &[(&str, &str)]) -> Self {
+        let mut env = knative_env(user_port);
+        for (k, v) in overrides {
+            env.retain(|(name, _)| name != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        Self::start_env(&env)
+    }
+
+    /// Starts qproxy with exactly `env`.
+    pub fn start_env(env: &[(String, String)]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_qproxy"))
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("qproxy starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let logs = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+                let (lines, changed) = &*sink;
+                lines.lock().unwrap().push(value);
+                changed.notify_all();
+            }
+        });
+        let metrics_served = env
+            .iter()
+            .any(|(k, v)| k == "SERVING_REQUEST_METRICS_BACKEND" && v == "prometheus");
+        let mut qp = QProxy {
+            child,
+            logs,
+            main: unspecified(),
+            admin: unspecified(),
+            stats: unspecified(),
+            metrics: None,
+        };
+        qp.main = qp.listening("main");
+        qp.admin = qp.listening("admin");
+        qp.stats = qp.listening("stats");
+        if metrics_served {
+            qp.metrics = Some(qp.listening("metrics"));
+        }
+        qp
+    }
+
+    /// The loopback address of the named server, from its start-up log line.
+    fn listening(&self, server: &str) -> SocketAddr {
+        let line = self.wait_for_log(&format!("{server} server start"), |l| {
+            l["message"] == "Starting http server" && l["server"] == server
+        });
+        let addr: SocketAddr = line["address"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .expect("address field");
+        SocketAddr::from((Ipv4Addr::LOCALHOST, addr.port()))
+    }
+
+    /// Waits for a log line matching `pred`.
+    pub fn wait_for_log(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let (lines, changed) = &*self.logs;
+        let deadline = Instant::now() + DEADLINE;
+        let mut guard = lines.lock().unwrap();
+        loop {
+            if let Some(l) = guard.iter().find(|l| pred(l)) {
+                return l.clone();
+            }
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .unwrap_or_else(|| panic!("no log line for {what}; logs: {:#?}", *guard));
+            guard = changed.wait_timeout(guard, left).unwrap().0;
+        }
+    }
+
+    /// Every log line so far.
+    pub fn logs(&self) -> Vec<Value> {
+        self.logs.0.lock().unwrap().clone()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident memory so far, in KiB (`VmHWM`).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/PID/status")
+    }
+
+    /// Waits for the process to exit on its own and returns its status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "qproxy did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends a signal (`TERM`, `INT`, ...) to the process.
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// Stops the process with SIGTERM and returns every line it logged.
+    /// It logs before it answers, so the lines of every answered request
+    /// are there.
+    pub fn stop_and_collect_logs(&mut self) -> Vec<Value> {
+        self.signal("TERM");
+        self.wait_for_log("the exit", |l| {
+            l["message"] == "Shutdown complete, exiting..."
+        });
+        self.logs()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for QProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+fn unspecified() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
+}
+
+/// A body for test responses and requests.
+pub type TestBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A complete body.
+pub fn full(data: impl Into<Bytes>) -> TestBody {
+    Full::new(data.into()).map_err(|e| match e {}).boxed()
+}
+
+/// An empty body.
+pub fn empty() -> TestBody {
+    Empty::new().map_err(|e| match e {}).boxed()
+}
+
+/// What an app saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Method.
+    pub method: Method,
+    /// Request target as received.
+    pub uri: Uri,
+    /// Protocol version.
+    pub version: Version,
+    /// Headers as received.
+    pub headers: HeaderMap,
+}
+
+/// A hyper app (HTTP/1.1 and h2c) on loopback that records what it sees.
+pub struct App {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl App {
+    /// Starts an app answering every request with `handler`.
+    pub async fn start<H, F>(handler: H) -> Self
+    where
+        H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = Response<TestBody>> + Send + 'static,
+    {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let handler = handler.clone();
+                let log = log.clone();
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    log.lock().unwrap().push(Seen {
+                        method: req.method().clone(),
+                        uri: req.uri().clone(),
+                        version: req.version(),
+                        headers: req.headers().clone(),
+                    });
+                    let fut = handler(req);
+                    async move { Ok::<_, Infallible>(fut.await) }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        App { addr, seen }
+    }
+
+    /// An app answering `Hello World!` to everything.
+    pub async fn hello() -> Self {
+        App::start(|_| async { Response::new(full("Hello World!\n")) }).await
+    }
+
+    /// The requests seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The only request seen.
+    pub fn only(&self) -> Seen {
+        let seen = self.seen();
+        assert_eq!(seen.len(), 1, "expected one request, saw {seen:#?}");
+        seen.into_iter().next().unwrap()
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+/// A loopback port with nothing listening on it.
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Sends one HTTP/1.1 request on a new connection.
+pub async fn h1(addr: SocketAddr, req: Request<TestBody>) -> Response<Incoming> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn.with_upgrades());
+    within("HTTP/1.1 response", sender.send_request(req))
+        .await
+        .unwrap()
+}
+
+/// Sends one HTTP/2 request (prior knowledge) on a new connection.
+pub async fn h2(addr: SocketAddr, req: Request<TestBody>) -> Response<Incoming> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    within("HTTP/2 response", sender.send_request(req))
+        .await
+        .unwrap()
+}
+
+/// A GET of `path` with the given headers.
+pub fn get(path: &str, headers: &[(&str, &str)]) -> Request<TestBody> {
+    let mut b = Request::get(path);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(empty()).unwrap()
+}
+
+/// Collects a response body.
+pub async fn text(res: Response<Incoming>) -> String {
+    let bytes = within("response body", res.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}

@@ -1,0 +1,274 @@
+//! The incumbent's header semantics, through the real binary to a real app.
+
+mod common;
+
+use std::net::{Ipv6Addr, SocketAddr};
+
+use common::*;
+use http::header::{HOST, USER_AGENT};
+use http::{Request, Version};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_request_keeps_host_and_gains_forwarded_for() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let res = h1(
+        qp.main,
+        get("/some/path?x=1", &[("host", "hello.default.example.com")]),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, "Hello World!\n");
+
+    let seen = app.only();
+    assert_eq!(seen.version, Version::HTTP_11);
+    assert_eq!(seen.uri, "/some/path?x=1");
+    assert_eq!(seen.headers[HOST], "hello.default.example.com");
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    assert!(seen.headers.get("forwarded").is_none());
+    // No User-Agent of our own when the client sent none.
+    assert!(seen.headers.get(USER_AGENT).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn original_host_becomes_host_and_is_removed() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let res = h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("host", "activator-service.knative-serving"),
+                ("k-original-host", "hello.default.example.com"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let seen = app.only();
+    assert_eq!(seen.headers[HOST], "hello.default.example.com");
+    assert!(seen.headers.get("k-original-host").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn original_host_over_h2c_sets_the_authority() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let res = h2(
+        qp.main,
+        get(
+            "http://activator-service/h2",
+            &[("k-original-host", "hello.default.example.com")],
+        ),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let seen = app.only();
+    assert_eq!(seen.version, Version::HTTP_2);
+    assert_eq!(
+        seen.uri.authority().map(|a| a.as_str()),
+        Some("hello.default.example.com")
+    );
+    assert_eq!(seen.uri.path(), "/h2");
+    assert!(seen.headers.get("k-original-host").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubelet_probes_keep_their_host() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    // K-Kubelet-Probe without the kube-probe user agent passes the health
+    // checks and reaches the app, but its host is not rewritten.
+    h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("host", "original"),
+                ("k-original-host", "rewritten"),
+                ("k-kubelet-probe", "queue"),
+            ],
+        ),
+    )
+    .await;
+    let seen = app.only();
+    assert_eq!(seen.headers[HOST], "original");
+    assert_eq!(seen.headers["k-original-host"], "rewritten");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn activator_routing_headers_are_removed() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("knative-serving-revision", "hello-00001"),
+                ("knative-serving-namespace", "default"),
+                ("k-proxy-request", "activator"),
+            ],
+        ),
+    )
+    .await;
+    let seen = app.only();
+    assert!(seen.headers.get("knative-serving-revision").is_none());
+    assert!(seen.headers.get("knative-serving-namespace").is_none());
+    // Everything else passes.
+    assert_eq!(seen.headers["k-proxy-request"], "activator");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forwarded_for_is_appended_to_prior_hops() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let mut req = get("/", &[]);
+    req.headers_mut()
+        .append("x-forwarded-for", "203.0.113.7".parse().unwrap());
+    req.headers_mut()
+        .append("x-forwarded-for", "198.51.100.2, 10.0.0.9".parse().unwrap());
+    h1(qp.main, req).await;
+    let seen = app.only();
+    assert_eq!(
+        seen.headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .collect::<Vec<_>>(),
+        ["203.0.113.7, 198.51.100.2, 10.0.0.9, 127.0.0.1"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipv6_clients_are_reached_and_named() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, qp.main.port()));
+    let Ok(stream) = TcpStream::connect(v6).await else {
+        // This kernel or namespace has no IPv6; nothing to check.
+        return;
+    };
+    drop(stream);
+    let res = h1(v6, get("/", &[])).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(app.only().headers["x-forwarded-for"], "::1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forwarded_is_synthesised_from_x_forwarded() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("x-forwarded-for", "203.0.113.7, 2001:db8:cafe::17"),
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-host", "example.com"),
+            ],
+        ),
+    )
+    .await;
+    h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("forwarded", "for=192.0.2.1"),
+                ("x-forwarded-for", "203.0.113.7"),
+            ],
+        ),
+    )
+    .await;
+    let seen = app.seen();
+    assert_eq!(
+        seen[0].headers["forwarded"],
+        r#"for=203.0.113.7;host=example.com;proto=https, for="[2001:db8:cafe::17]""#
+    );
+    // The shim is built before qproxy appends its client to X-Forwarded-For.
+    assert_eq!(
+        seen[0].headers["x-forwarded-for"],
+        "203.0.113.7, 2001:db8:cafe::17, 127.0.0.1"
+    );
+    // An existing Forwarded header is left as it is.
+    assert_eq!(seen[1].headers["forwarded"], "for=192.0.2.1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hop_by_hop_request_headers_are_dropped() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let req = Request::post("/")
+        .header("connection", "keep-alive, x-drop-me")
+        .header("x-drop-me", "1")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-connection", "keep-alive")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("te", "trailers, deflate")
+        .header("x-kept", "yes")
+        .body(full("body"))
+        .unwrap();
+    let res = h1(qp.main, req).await;
+    assert_eq!(res.status(), 200);
+    let seen = app.only();
+    for gone in [
+        "x-drop-me",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "upgrade",
+    ] {
+        assert!(seen.headers.get(gone).is_none(), "{gone} reached the app");
+    }
+    assert_eq!(seen.headers["te"], "trailers");
+    assert_eq!(seen.headers["x-kept"], "yes");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hop_by_hop_response_headers_are_dropped() {
+    // An app that writes its response head by hand, hop-by-hop headers and all.
+    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = app.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = app.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\n\
+                          Connection: keep-alive, X-App-Hop\r\n\
+                          X-App-Hop: 1\r\n\
+                          Keep-Alive: timeout=5\r\n\
+                          Proxy-Connection: keep-alive\r\n\
+                          X-Kept: yes\r\n\
+                          Content-Length: 2\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    let qp = QProxy::start(port, &[]);
+    let res = h1(qp.main, get("/", &[])).await;
+    assert_eq!(res.status(), 200);
+    for gone in ["x-app-hop", "keep-alive", "proxy-connection"] {
+        assert!(
+            res.headers().get(gone).is_none(),
+            "{gone} reached the client"
+        );
+    }
+    assert_eq!(res.headers()["x-kept"], "yes");
+    assert_eq!(text(res).await, "ok");
+}

@@ -1,0 +1,71 @@
+//! The binary as a process: its command line and stopping.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use http::Response;
+use tokio::sync::{mpsc, oneshot};
+
+#[test]
+fn version_and_usage() {
+    let out = Command::new(env!("CARGO_BIN_EXE_qproxy"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("qproxy {}\n", env!("CARGO_PKG_VERSION"))
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_qproxy"))
+        .arg("--bogus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("usage: qproxy")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_finishes_requests_in_flight_then_exits_0() {
+    // The app holds one request until the test lets it go.
+    let (arrived_tx, mut arrived_rx) = mpsc::channel::<oneshot::Sender<()>>(1);
+    let app = App::start(move |_| {
+        let arrived = arrived_tx.clone();
+        async move {
+            let (release_tx, release_rx) = oneshot::channel();
+            arrived.send(release_tx).await.unwrap();
+            let _ = release_rx.await;
+            Response::new(full("finished\n"))
+        }
+    })
+    .await;
+    let mut qp = QProxy::start(app.port(), &[]);
+
+    let addr = qp.main;
+    let in_flight = tokio::spawn(async move { text(h1(addr, get("/slow", &[])).await).await });
+    let release = within("the request to reach the app", arrived_rx.recv())
+        .await
+        .unwrap();
+
+    qp.signal("TERM");
+    qp.wait_for_log("the stop", |l| {
+        l["message"] == "Received TERM signal, attempting to gracefully shutdown servers."
+    });
+    assert!(qp.is_running(), "a request is still in flight");
+    release.send(()).unwrap();
+    assert_eq!(
+        within("the held response", in_flight).await.unwrap(),
+        "finished\n"
+    );
+    qp.wait_for_log("the exit", |l| {
+        l["message"] == "Shutdown complete, exiting..."
+    });
+    assert_eq!(qp.wait_exit().code(), Some(0));
+}

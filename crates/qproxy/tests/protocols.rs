@@ -1,0 +1,400 @@
+//! HTTP/1.1, h2c, upgrades, streaming, 100-continue and trailers through the
+//! real binary.
+
+mod common;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, Response, Version};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h1_and_h2c_share_the_main_port() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let res = h1(qp.main, get("/h1", &[("host", "hello.example.com")])).await;
+    assert_eq!(res.version(), Version::HTTP_11);
+    assert_eq!(text(res).await, "Hello World!\n");
+
+    let res = h2(qp.main, get("http://hello.example.com/h2", &[])).await;
+    assert_eq!(res.version(), Version::HTTP_2);
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, "Hello World!\n");
+
+    let seen = app.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].version, Version::HTTP_11);
+    // HTTP/2 goes upstream as h2c, keeping the client's authority.
+    assert_eq!(seen[1].version, Version::HTTP_2);
+    assert_eq!(
+        seen[1].uri.authority().map(|a| a.as_str()),
+        Some("hello.example.com")
+    );
+    assert_eq!(seen[1].headers["x-forwarded-for"], "127.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn websocket_echo_through_the_tunnel() {
+    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = app.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = app.accept().await {
+            tokio::spawn(async move {
+                let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+                while let Some(Ok(msg)) = ws.next().await {
+                    if msg.is_close() {
+                        break;
+                    }
+                    ws.send(msg).await.unwrap();
+                }
+            });
+        }
+    });
+    let qp = QProxy::start(port, &[]);
+
+    let stream = TcpStream::connect(qp.main).await.unwrap();
+    let (mut ws, res) = within(
+        "websocket handshake",
+        tokio_tungstenite::client_async("ws://hello.example.com/ws", stream),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 101);
+    for i in 0..5 {
+        let msg = format!("hello {i}");
+        ws.send(Message::text(msg.clone())).await.unwrap();
+        let echoed = within("echo", ws.next()).await.unwrap().unwrap();
+        assert_eq!(echoed, Message::text(msg));
+    }
+    let big = vec![7u8; 256 * 1024];
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let echoed = within("binary echo", ws.next()).await.unwrap().unwrap();
+    assert_eq!(echoed.into_data(), big);
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrade_to_another_protocol_than_asked_is_502() {
+    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = app.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = app.accept().await {
+            let mut buf = vec![0; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+                )
+                .await;
+        }
+    });
+    let qp = QProxy::start(port, &[]);
+    let res = h1(
+        qp.main,
+        get("/", &[("connection", "upgrade"), ("upgrade", "websocket")]),
+    )
+    .await;
+    assert_eq!(res.status(), 502);
+    assert_eq!(
+        text(res).await,
+        "backend tried to switch protocol \"h2c\" when \"websocket\" was requested\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_upgrade_is_answered_over_http1_without_reaching_the_app() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    // What `curl --http2 http://...` sends.
+    let res = h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("connection", "Upgrade, HTTP2-Settings"),
+                ("upgrade", "h2c"),
+                ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.version(), Version::HTTP_11);
+    let seen = app.only();
+    for gone in ["upgrade", "connection", "http2-settings"] {
+        assert!(seen.headers.get(gone).is_none(), "{gone} reached the app");
+    }
+}
+
+/// A body whose chunks the test feeds one by one.
+struct Chunks(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_sent_events_are_not_held_back() {
+    // The app sends the first event, then waits for the test to have read it
+    // before it sends the second: buffering anywhere would deadlock.
+    let (release_tx, release_rx) = mpsc::channel::<()>(1);
+    let release_rx = Arc::new(tokio::sync::Mutex::new(release_rx));
+    let app = App::start(move |_| {
+        let release = release_rx.clone();
+        async move {
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(async move {
+                tx.send(Bytes::from_static(b"data: one\n\n")).await.unwrap();
+                release.lock().await.recv().await;
+                tx.send(Bytes::from_static(b"data: two\n\n")).await.unwrap();
+            });
+            let mut res = Response::new(Chunks(rx).boxed());
+            res.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            res
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    for version in [Version::HTTP_11, Version::HTTP_2] {
+        let req = get("http://hello.example.com/events", &[]);
+        let res = if version == Version::HTTP_2 {
+            h2(qp.main, req).await
+        } else {
+            h1(qp.main, req).await
+        };
+        assert_eq!(res.headers()["content-type"], "text/event-stream");
+        let mut body = res.into_body();
+        let first = within("first event", body.frame()).await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "data: one\n\n");
+        release_tx.send(()).await.unwrap();
+        let second = within("second event", body.frame()).await.unwrap().unwrap();
+        assert_eq!(second.into_data().unwrap(), "data: two\n\n");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expect_100_continue() {
+    let app = App::start(|req: Request<hyper::body::Incoming>| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        Response::new(full(body))
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let stream = TcpStream::connect(qp.main).await.unwrap();
+    let (rx, mut tx) = stream.into_split();
+    let mut rx = BufReader::new(rx);
+    tx.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: hello\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // The body is sent only after the interim response, as a careful client does.
+    let mut status = String::new();
+    within("100 Continue", rx.read_line(&mut status))
+        .await
+        .unwrap();
+    assert_eq!(status, "HTTP/1.1 100 Continue\r\n");
+    let mut blank = String::new();
+    rx.read_line(&mut blank).await.unwrap();
+    assert_eq!(blank, "\r\n");
+    tx.write_all(b"hello").await.unwrap();
+    let mut head = String::new();
+    within("final status", rx.read_line(&mut head))
+        .await
+        .unwrap();
+    assert_eq!(head, "HTTP/1.1 200 OK\r\n");
+    let mut rest = Vec::new();
+    loop {
+        let mut line = String::new();
+        rx.read_line(&mut line).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+    }
+    rest.resize(5, 0);
+    within("echoed body", rx.read_exact(&mut rest))
+        .await
+        .unwrap();
+    assert_eq!(rest, b"hello");
+    assert_eq!(app.only().headers["expect"], "100-continue");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_with_trailers_over_h2c() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("hello.Greeter", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream_of(listener)),
+    );
+    let qp = QProxy::start(port, &[]);
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", qp.main))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let res = within(
+        "gRPC Check",
+        client.check(HealthCheckRequest {
+            service: "hello.Greeter".into(),
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.into_inner().status(), ServingStatus::Serving);
+
+    // grpc-status travels in trailers: an error status proves they pass.
+    let err = within(
+        "gRPC Check of an unknown service",
+        client.check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+/// Accepted connections of `listener` as the stream tonic serves from.
+fn tokio_stream_of(
+    listener: TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<TcpStream>> {
+    futures_util::stream::unfold(listener, |l| async move {
+        let accepted = l.accept().await.map(|(s, _)| s);
+        Some((accepted, l))
+    })
+}
+
+const GIB: u64 = 1 << 30;
+const CHUNK: usize = 256 * 1024;
+
+/// A body of `len` zero bytes made on the fly.
+struct Zeros {
+    left: u64,
+    chunk: Bytes,
+}
+
+impl Zeros {
+    fn new(len: u64) -> Self {
+        Self {
+            left: len,
+            chunk: Bytes::from(vec![0u8; CHUNK]),
+        }
+    }
+}
+
+impl http_body::Body for Zeros {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(CHUNK as u64);
+        self.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n as usize)))))
+    }
+}
+
+async fn count_bytes(body: hyper::body::Incoming) -> u64 {
+    let mut body = body;
+    let mut total = 0;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            total += data.len() as u64;
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_gibibyte_each_way_with_flat_memory() {
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = received.clone();
+    let app = App::start(move |req: Request<hyper::body::Incoming>| {
+        let counter = counter.clone();
+        async move {
+            if req.uri().path() == "/download" {
+                Response::new(Zeros::new(GIB).boxed())
+            } else {
+                let n = count_bytes(req.into_body()).await;
+                counter.store(n, Ordering::SeqCst);
+                Response::new(full(n.to_string()))
+            }
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    // A gibibyte takes a while in a debug build: a longer deadline here.
+    let slow = DEADLINE * 6;
+    let upload = Request::post("/upload")
+        .body(Zeros::new(GIB).boxed())
+        .unwrap();
+    let stream = TcpStream::connect(qp.main).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let res = tokio::time::timeout(slow, sender.send_request(upload))
+        .await
+        .expect("upload finished")
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, GIB.to_string());
+    assert_eq!(received.load(Ordering::SeqCst), GIB);
+
+    let res = h1(qp.main, get("/download", &[])).await;
+    assert_eq!(res.status(), 200);
+    let (done_tx, done_rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let _ = done_tx.send(count_bytes(res.into_body()).await);
+    });
+    let downloaded = tokio::time::timeout(slow, done_rx)
+        .await
+        .expect("download finished")
+        .unwrap();
+    assert_eq!(downloaded, GIB);
+
+    let peak_mib = qp.peak_rss_kib() / 1024;
+    assert!(peak_mib < 64, "qproxy peaked at {peak_mib} MiB");
+}
