@@ -12,10 +12,12 @@
 //! - [`proxy`]: the reverse proxy to the user container.
 //! - [`admin`]: the admin, stats and metrics ports.
 //! - [`observe`]: logs in Knative's zap JSON shape.
+//! - [`demo`]: a hello app with qproxy in front, for a first look.
 
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod demo;
 pub mod headers;
 pub mod layers;
 pub mod observe;

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! qproxy            serve, configured by Knative's environment variables
+//! qproxy demo       a hello app with qproxy in front of it, until Ctrl-C
 //! qproxy --version  print the version
 //! ```
 
@@ -10,9 +11,10 @@ use std::process::ExitCode;
 use qproxy::Config;
 
 const USAGE: &str = "\
-usage: qproxy [--version | --help]
+usage: qproxy [demo | --version | --help]
 
   (no argument)  serve as Knative's queue-proxy, configured by the environment
+  demo           start a hello app with qproxy in front of it; Ctrl-C stops
   --version      print the version
 ";
 
@@ -25,6 +27,7 @@ fn main() -> ExitCode {
     }
     match command.as_deref() {
         None => serve(),
+        Some("demo") => demo(),
         Some("--version" | "-V" | "version") => {
             println!("qproxy {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
@@ -59,6 +62,20 @@ fn serve() -> ExitCode {
             tracing::error!(error = %e, "Failed to bring up queue-proxy, shutting down.");
             fail(&e)
         }
+    }
+}
+
+fn demo() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    match runtime.block_on(qproxy::demo::run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
     }
 }
 

@@ -1,8 +1,9 @@
-//! The binary as a process: its command line and stopping.
+//! The binary as a process: its command line, the demo, and stopping.
 
 mod common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 use common::*;
 use http::Response;
@@ -30,6 +31,46 @@ fn version_and_usage() {
             .unwrap()
             .contains("usage: qproxy")
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_serves_hello_and_stops_on_ctrl_c() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qproxy"))
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let (url_tx, url_rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut url_tx = Some(url_tx);
+        for line in stdout.lines() {
+            let Ok(line) = line else { break };
+            if let Some(url) = line.trim().strip_prefix("proxy (QUEUE_SERVING_PORT)")
+                && let Some(tx) = url_tx.take()
+            {
+                let _ = tx.send(url.trim().to_owned());
+            }
+        }
+    });
+    let url = within("the demo banner", url_rx).await.unwrap();
+    let port: u16 = url
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+
+    let res = h1(addr, get("/", &[("host", "hello.default.example.com")])).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, "Hello World!\n");
+    let res = h2(addr, get("http://hello.default.example.com/headers", &[])).await;
+    let seen = text(res).await;
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1"), "{seen}");
+
+    signal(child.id(), "INT");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap());
+    assert!(within("the demo to exit", status).await.unwrap().success());
 }
 
 #[tokio::test(flavor = "multi_thread")]
