@@ -12,9 +12,9 @@
 //! | hijack tracker             | *(probes and drain)*            |
 //! | route tag                  | *(observability)*               |
 //! | timeouts                   | *(breaker and timeouts)*        |
-//! | forwarded shim             | [`ForwardedLayer`]              |
+//! | forwarded shim             | [`ForwardedShim`]               |
 //! | stats                      | *(autoscaler stats)*            |
-//! | `K-Original-Host` rewrite  | [`HostRewriteLayer`]            |
+//! | `K-Original-Host` rewrite  | [`HostRewrite`]                 |
 //! | breaker                    | *(breaker and timeouts)*        |
 //! | app request metrics        | *(observability)*               |
 //! | reverse proxy              | [`Proxy`]                       |
@@ -29,8 +29,9 @@ use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
 use crate::body::Body;
-use crate::layers::forwarded::ForwardedLayer;
-use crate::layers::host_rewrite::HostRewriteLayer;
+use crate::layers::RewriteLayer;
+use crate::layers::forwarded::ForwardedShim;
+use crate::layers::host_rewrite::HostRewrite;
 use crate::proxy::{Proxy, Upstream};
 use crate::server::Conn;
 
@@ -54,7 +55,7 @@ pub fn main_service(
 + Send
 + use<> {
     ServiceBuilder::new()
-        .layer(ForwardedLayer)
-        .layer(HostRewriteLayer)
+        .layer(RewriteLayer::new(ForwardedShim))
+        .layer(RewriteLayer::new(HostRewrite))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))
 }

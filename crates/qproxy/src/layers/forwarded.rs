@@ -8,46 +8,19 @@
 //! `:` is taken for IPv6 and written `"[node]"`. `X-Forwarded-By` is ignored.
 //! Only the first value of each header is read.
 
-use std::task::{Context, Poll};
-
 use http::{HeaderMap, HeaderValue, Request};
-use tower::{Layer, Service};
 
+use super::Rewrite;
 use crate::headers::{FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 
-/// Adds [`Forwarded`] to a stack.
+/// The shim as a [`Rewrite`]: apply it with
+/// [`RewriteLayer`](super::RewriteLayer).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ForwardedLayer;
+pub struct ForwardedShim;
 
-impl<S> Layer<S> for ForwardedLayer {
-    type Service = Forwarded<S>;
-
-    fn layer(&self, inner: S) -> Forwarded<S> {
-        Forwarded { inner }
-    }
-}
-
-/// Synthesises `Forwarded` before calling the inner service.
-#[derive(Debug, Clone)]
-pub struct Forwarded<S> {
-    inner: S,
-}
-
-impl<S, B> Service<Request<B>> for Forwarded<S>
-where
-    S: Service<Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> S::Future {
+impl Rewrite for ForwardedShim {
+    fn rewrite<B>(&self, req: &mut Request<B>) {
         shim(req.headers_mut());
-        self.inner.call(req)
     }
 }
 
@@ -84,7 +57,9 @@ pub fn synthesize(headers: &HeaderMap) -> Option<HeaderValue> {
         .strip_suffix(b",")
         .unwrap_or(xff)
         .split(|&b| b == b',')
-        .map(trim);
+        // Go's strings.TrimSpace; spaces and tabs are the only whitespace a
+        // header value can hold.
+        .map(<[u8]>::trim_ascii);
     let node = if xff.is_empty() {
         &[][..]
     } else {
@@ -126,17 +101,6 @@ fn write_node(out: &mut Vec<u8>, node: &[u8]) {
     } else {
         out.extend_from_slice(node);
     }
-}
-
-/// Go's `strings.TrimSpace` over the bytes a header value can hold.
-fn trim(s: &[u8]) -> &[u8] {
-    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | 0x0b | 0x0c);
-    let start = s.iter().position(|b| !is_space(b)).unwrap_or(s.len());
-    let end = s
-        .iter()
-        .rposition(|b| !is_space(b))
-        .map_or(start, |e| e + 1);
-    &s[start..end]
 }
 
 #[cfg(test)]

@@ -6,50 +6,23 @@
 //! non-empty `K-Original-Host` becomes the request's host and is removed.
 //! Kubelet probes are left untouched, as Knative's proxy handler skips them.
 
-use std::task::{Context, Poll};
-
 use http::header::HOST;
 use http::uri::Uri;
 use http::{HeaderMap, Request};
-use tower::{Layer, Service};
 
+use super::Rewrite;
 use crate::headers::{K_ORIGINAL_HOST, is_kubelet_probe};
 
-/// Adds [`HostRewrite`] to a stack.
+/// The rewrite as a [`Rewrite`], skipping kubelet probes: apply it with
+/// [`RewriteLayer`](super::RewriteLayer).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct HostRewriteLayer;
+pub struct HostRewrite;
 
-impl<S> Layer<S> for HostRewriteLayer {
-    type Service = HostRewrite<S>;
-
-    fn layer(&self, inner: S) -> HostRewrite<S> {
-        HostRewrite { inner }
-    }
-}
-
-/// Restores the original host before calling the inner service.
-#[derive(Debug, Clone)]
-pub struct HostRewrite<S> {
-    inner: S,
-}
-
-impl<S, B> Service<Request<B>> for HostRewrite<S>
-where
-    S: Service<Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> S::Future {
+impl Rewrite for HostRewrite {
+    fn rewrite<B>(&self, req: &mut Request<B>) {
         if !is_kubelet_probe(req.headers()) {
-            rewrite(&mut req);
+            rewrite(req);
         }
-        self.inner.call(req)
     }
 }
 
@@ -149,12 +122,12 @@ mod tests {
     #[test]
     fn kubelet_probes_are_left_alone() {
         use std::convert::Infallible;
-        use tower::ServiceExt;
+        use tower::{Layer, ServiceExt};
 
         let inner = tower::service_fn(|req: Request<()>| async move {
             Ok::<_, Infallible>(req.headers().get(HOST).cloned())
         });
-        let svc = HostRewriteLayer.layer(inner);
+        let svc = super::super::RewriteLayer::new(HostRewrite).layer(inner);
         let probe = request(
             "/",
             &[

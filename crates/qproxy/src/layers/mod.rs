@@ -1,6 +1,69 @@
 //! The request-handling layers of the main port, one concern each.
 //!
-//! They are assembled, outermost first, in [`crate::stack`].
+//! They are assembled, outermost first, in [`crate::stack`]. Layers that
+//! only change the request on its way in implement [`Rewrite`] and are
+//! applied with [`RewriteLayer`].
 
 pub mod forwarded;
 pub mod host_rewrite;
+
+use std::task::{Context, Poll};
+
+use http::Request;
+use tower::{Layer, Service};
+
+/// A change made to every request before the inner service sees it.
+pub trait Rewrite: Clone {
+    /// Changes `req` in place.
+    fn rewrite<B>(&self, req: &mut Request<B>);
+}
+
+/// Applies a [`Rewrite`] to every request of the service it wraps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RewriteLayer<R> {
+    rewrite: R,
+}
+
+impl<R> RewriteLayer<R> {
+    /// A layer applying `rewrite`.
+    pub const fn new(rewrite: R) -> Self {
+        Self { rewrite }
+    }
+}
+
+impl<R: Clone, S> Layer<S> for RewriteLayer<R> {
+    type Service = Rewritten<R, S>;
+
+    fn layer(&self, inner: S) -> Rewritten<R, S> {
+        Rewritten {
+            rewrite: self.rewrite.clone(),
+            inner,
+        }
+    }
+}
+
+/// A service whose requests are rewritten before the inner service sees them.
+#[derive(Debug, Clone)]
+pub struct Rewritten<R, S> {
+    rewrite: R,
+    inner: S,
+}
+
+impl<R, S, B> Service<Request<B>> for Rewritten<R, S>
+where
+    R: Rewrite,
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        self.rewrite.rewrite(&mut req);
+        self.inner.call(req)
+    }
+}

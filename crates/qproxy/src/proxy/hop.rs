@@ -79,7 +79,7 @@ fn contains_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     headers.get_all(name).iter().any(|v| {
         v.as_bytes()
             .split(|&b| b == b',')
-            .any(|t| trim(t).eq_ignore_ascii_case(token.as_bytes()))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
     })
 }
 
@@ -89,7 +89,7 @@ fn remove_hop_headers(headers: &mut HeaderMap) {
             .get_all(CONNECTION)
             .iter()
             .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(trim)
+            .map(<[u8]>::trim_ascii)
             .filter(|t| !t.is_empty())
             .filter_map(|t| HeaderName::from_bytes(t).ok())
             .collect();
@@ -100,16 +100,6 @@ fn remove_hop_headers(headers: &mut HeaderMap) {
     for name in &HOP_HEADERS {
         headers.remove(name);
     }
-}
-
-fn trim(s: &[u8]) -> &[u8] {
-    let is_space = |b: &u8| *b == b' ' || *b == b'\t';
-    let start = s.iter().position(|b| !is_space(b)).unwrap_or(s.len());
-    let end = s
-        .iter()
-        .rposition(|b| !is_space(b))
-        .map_or(start, |e| e + 1);
-    &s[start..end]
 }
 
 #[cfg(test)]

@@ -38,8 +38,6 @@ pub use upstream::Upstream;
 #[derive(Debug, Clone)]
 pub struct Proxy {
     upstream: Arc<Upstream>,
-    /// `127.0.0.1:USER_PORT`, the authority of HTTP/1 upstream URIs.
-    authority: Authority,
     /// The client's IP, as appended to `X-Forwarded-For`.
     client_ip: HeaderValue,
 }
@@ -47,14 +45,11 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy for requests arriving from `client`.
     pub fn new(upstream: Arc<Upstream>, client: IpAddr) -> Self {
-        let authority = Authority::try_from(upstream.addr().to_string())
-            .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
         // An IP address is always a valid header value.
         let client_ip = HeaderValue::try_from(client.to_canonical().to_string())
             .unwrap_or_else(|_| HeaderValue::from_static(""));
         Self {
             upstream,
-            authority,
             client_ip,
         }
     }
@@ -140,7 +135,7 @@ impl Proxy {
             parts.headers.insert(HOST, host);
         }
         uri.scheme = Some(Scheme::HTTP);
-        uri.authority = Some(self.authority.clone());
+        uri.authority = Some(self.upstream.authority().clone());
         if uri.path_and_query.is_none() {
             uri.path_and_query = Some(PathAndQuery::from_static("/"));
         }
@@ -159,7 +154,7 @@ impl Proxy {
                 Some(h) => {
                     Authority::try_from(h.as_bytes()).map_err(|_| UpstreamError::InvalidHost)?
                 }
-                None => self.authority.clone(),
+                None => self.upstream.authority().clone(),
             });
         }
         uri.scheme = Some(Scheme::HTTP);

@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use http::uri::Authority;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
@@ -29,6 +30,7 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Upstream {
     addr: SocketAddr,
+    authority: Authority,
     http1: Client<HttpConnector, Incoming>,
     h2c: H2c,
 }
@@ -46,8 +48,12 @@ impl Upstream {
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .build(connector);
+        // `127.0.0.1:<u16>` is always a valid authority.
+        let authority = Authority::try_from(addr.to_string())
+            .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
         Self {
             addr,
+            authority,
             http1,
             h2c: H2c {
                 addr,
@@ -60,6 +66,11 @@ impl Upstream {
     /// The user container's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `127.0.0.1:USER_PORT`, the authority of HTTP/1 upstream URIs.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
     }
 
     /// Sends an HTTP/1.1 request; its URI must be absolute
