@@ -44,17 +44,12 @@ async fn app_down_is_502_with_the_cause_logged_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn app_resetting_the_connection_is_502() {
-    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = app.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = app.accept().await {
-            let mut buf = vec![0; 4096];
-            let _ = s.read(&mut buf).await;
-            // Close with unread data pending: the kernel sends a reset.
-            let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
-            drop(s);
-        }
-    });
+    let port = raw_app(|mut s| async move {
+        read_request(&mut s).await;
+        // Linger zero: closing sends a reset instead of a FIN.
+        let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
+    })
+    .await;
     let qp = QProxy::start(port, &[]);
     let res = h1(qp.main, get("/", &[])).await;
     assert_eq!(res.status(), 502);
@@ -72,15 +67,7 @@ async fn app_resetting_the_connection_is_502() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn app_closing_without_answer_is_502_eof() {
-    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = app.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = app.accept().await {
-            let mut buf = vec![0; 4096];
-            let _ = s.read(&mut buf).await;
-            drop(s);
-        }
-    });
+    let port = raw_app(|mut s| async move { read_request(&mut s).await }).await;
     let qp = QProxy::start(port, &[]);
     let res = h1(qp.main, get("/", &[])).await;
     assert_eq!(res.status(), 502);

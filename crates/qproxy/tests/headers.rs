@@ -7,8 +7,17 @@ use std::net::{Ipv6Addr, SocketAddr};
 use common::*;
 use http::header::{HOST, USER_AGENT};
 use http::{Request, Version};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+/// Sends `req` over HTTP/1.1 through a fresh qproxy to a hello app and
+/// returns what the app saw.
+async fn seen_through(req: Request<TestBody>) -> Seen {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    let res = h1(qp.main, req).await;
+    assert_eq!(res.status(), 200);
+    app.only()
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_request_keeps_host_and_gains_forwarded_for() {
@@ -35,22 +44,14 @@ async fn plain_request_keeps_host_and_gains_forwarded_for() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn original_host_becomes_host_and_is_removed() {
-    let app = App::hello().await;
-    let qp = QProxy::start(app.port(), &[]);
-
-    let res = h1(
-        qp.main,
-        get(
-            "/",
-            &[
-                ("host", "activator-service.knative-serving"),
-                ("k-original-host", "hello.default.example.com"),
-            ],
-        ),
-    )
+    let seen = seen_through(get(
+        "/",
+        &[
+            ("host", "activator-service.knative-serving"),
+            ("k-original-host", "hello.default.example.com"),
+        ],
+    ))
     .await;
-    assert_eq!(res.status(), 200);
-    let seen = app.only();
     assert_eq!(seen.headers[HOST], "hello.default.example.com");
     assert!(seen.headers.get("k-original-host").is_none());
 }
@@ -81,46 +82,32 @@ async fn original_host_over_h2c_sets_the_authority() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubelet_probes_keep_their_host() {
-    let app = App::hello().await;
-    let qp = QProxy::start(app.port(), &[]);
-
     // K-Kubelet-Probe without the kube-probe user agent passes the health
     // checks and reaches the app, but its host is not rewritten.
-    h1(
-        qp.main,
-        get(
-            "/",
-            &[
-                ("host", "original"),
-                ("k-original-host", "rewritten"),
-                ("k-kubelet-probe", "queue"),
-            ],
-        ),
-    )
+    let seen = seen_through(get(
+        "/",
+        &[
+            ("host", "original"),
+            ("k-original-host", "rewritten"),
+            ("k-kubelet-probe", "queue"),
+        ],
+    ))
     .await;
-    let seen = app.only();
     assert_eq!(seen.headers[HOST], "original");
     assert_eq!(seen.headers["k-original-host"], "rewritten");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn activator_routing_headers_are_removed() {
-    let app = App::hello().await;
-    let qp = QProxy::start(app.port(), &[]);
-
-    h1(
-        qp.main,
-        get(
-            "/",
-            &[
-                ("knative-serving-revision", "hello-00001"),
-                ("knative-serving-namespace", "default"),
-                ("k-proxy-request", "activator"),
-            ],
-        ),
-    )
+    let seen = seen_through(get(
+        "/",
+        &[
+            ("knative-serving-revision", "hello-00001"),
+            ("knative-serving-namespace", "default"),
+            ("k-proxy-request", "activator"),
+        ],
+    ))
     .await;
-    let seen = app.only();
     assert!(seen.headers.get("knative-serving-revision").is_none());
     assert!(seen.headers.get("knative-serving-namespace").is_none());
     // Everything else passes.
@@ -129,16 +116,12 @@ async fn activator_routing_headers_are_removed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forwarded_for_is_appended_to_prior_hops() {
-    let app = App::hello().await;
-    let qp = QProxy::start(app.port(), &[]);
-
     let mut req = get("/", &[]);
     req.headers_mut()
         .append("x-forwarded-for", "203.0.113.7".parse().unwrap());
     req.headers_mut()
         .append("x-forwarded-for", "198.51.100.2, 10.0.0.9".parse().unwrap());
-    h1(qp.main, req).await;
-    let seen = app.only();
+    let seen = seen_through(req).await;
     assert_eq!(
         seen.headers
             .get_all("x-forwarded-for")
@@ -207,9 +190,6 @@ async fn forwarded_is_synthesised_from_x_forwarded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hop_by_hop_request_headers_are_dropped() {
-    let app = App::hello().await;
-    let qp = QProxy::start(app.port(), &[]);
-
     let req = Request::post("/")
         .header("connection", "keep-alive, x-drop-me")
         .header("x-drop-me", "1")
@@ -220,9 +200,7 @@ async fn hop_by_hop_request_headers_are_dropped() {
         .header("x-kept", "yes")
         .body(full("body"))
         .unwrap();
-    let res = h1(qp.main, req).await;
-    assert_eq!(res.status(), 200);
-    let seen = app.only();
+    let seen = seen_through(req).await;
     for gone in [
         "x-drop-me",
         "keep-alive",
@@ -238,28 +216,16 @@ async fn hop_by_hop_request_headers_are_dropped() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hop_by_hop_response_headers_are_dropped() {
-    // An app that writes its response head by hand, hop-by-hop headers and all.
-    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = app.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = app.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\n\
-                          Connection: keep-alive, X-App-Hop\r\n\
-                          X-App-Hop: 1\r\n\
-                          Keep-Alive: timeout=5\r\n\
-                          Proxy-Connection: keep-alive\r\n\
-                          X-Kept: yes\r\n\
-                          Content-Length: 2\r\n\r\nok",
-                    )
-                    .await;
-            });
-        }
-    });
+    let port = canned_app(
+        b"HTTP/1.1 200 OK\r\n\
+          Connection: keep-alive, X-App-Hop\r\n\
+          X-App-Hop: 1\r\n\
+          Keep-Alive: timeout=5\r\n\
+          Proxy-Connection: keep-alive\r\n\
+          X-Kept: yes\r\n\
+          Content-Length: 2\r\n\r\nok",
+    )
+    .await;
     let qp = QProxy::start(port, &[]);
     let res = h1(qp.main, get("/", &[])).await;
     assert_eq!(res.status(), 200);

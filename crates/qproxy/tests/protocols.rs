@@ -47,21 +47,16 @@ async fn h1_and_h2c_share_the_main_port() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn websocket_echo_through_the_tunnel() {
-    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = app.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = app.accept().await {
-            tokio::spawn(async move {
-                let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
-                while let Some(Ok(msg)) = ws.next().await {
-                    if msg.is_close() {
-                        break;
-                    }
-                    ws.send(msg).await.unwrap();
-                }
-            });
+    let port = raw_app(|stream| async move {
+        let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_close() {
+                break;
+            }
+            ws.send(msg).await.unwrap();
         }
-    });
+    })
+    .await;
     let qp = QProxy::start(port, &[]);
 
     let stream = TcpStream::connect(qp.main).await.unwrap();
@@ -87,19 +82,10 @@ async fn websocket_echo_through_the_tunnel() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upgrade_to_another_protocol_than_asked_is_502() {
-    let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = app.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = app.accept().await {
-            let mut buf = vec![0; 4096];
-            let _ = s.read(&mut buf).await;
-            let _ = s
-                .write_all(
-                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
-                )
-                .await;
-        }
-    });
+    let port = canned_app(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+    )
+    .await;
     let qp = QProxy::start(port, &[]);
     let res = h1(
         qp.main,

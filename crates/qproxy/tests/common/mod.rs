@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// How long any single wait in a test may take before it fails.
@@ -321,6 +322,38 @@ impl App {
     pub fn port(&self) -> u16 {
         self.addr.port()
     }
+}
+
+/// An app speaking raw TCP, for misbehaviour hyper would not produce:
+/// `handler` gets each accepted connection. Returns the port.
+pub async fn raw_app<F, Fut>(handler: F) -> u16
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(handler(stream));
+        }
+    });
+    port
+}
+
+/// Reads the start of what the client sent (a whole small request head).
+pub async fn read_request(stream: &mut TcpStream) {
+    let mut buf = vec![0; 4096];
+    let _ = stream.read(&mut buf).await;
+}
+
+/// An app answering every request with `response`, written as given.
+pub async fn canned_app(response: &'static [u8]) -> u16 {
+    raw_app(move |mut s| async move {
+        read_request(&mut s).await;
+        let _ = s.write_all(response).await;
+    })
+    .await
 }
 
 /// A loopback port with nothing listening on it.
