@@ -124,6 +124,43 @@ async fn h2c_upgrade_is_answered_over_http1_without_reaching_the_app() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrade_to_an_unprintable_protocol_is_502() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: caf\xe9\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let mut reader = BufReader::new(client);
+    within("the 502", reader.read_line(&mut answer))
+        .await
+        .unwrap();
+    assert_eq!(answer, "HTTP/1.1 502 Bad Gateway\r\n");
+    let mut rest = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        rest.push(line);
+    }
+    let expected = "client tried to switch to invalid protocol \"caf\\xe9\"\n";
+    assert!(
+        rest.contains(&format!("content-length: {}\r\n", expected.len())),
+        "{rest:?}"
+    );
+    let mut body = vec![0; expected.len()];
+    within("the body", reader.read_exact(&mut body))
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8(body).unwrap(), expected);
+    assert!(app.seen().is_empty(), "never reaches the app");
+}
+
 /// A body whose chunks the test feeds one by one.
 struct Chunks(mpsc::Receiver<Bytes>);
 
@@ -383,4 +420,61 @@ async fn one_gibibyte_each_way_with_flat_memory() {
 
     let peak_mib = qp.peak_rss_kib() / 1024;
     assert!(peak_mib < 64, "qproxy peaked at {peak_mib} MiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http1_upstream_connections_are_kept_alive() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    for _ in 0..5 {
+        let res = h1(qp.main, get("/", &[])).await;
+        assert_eq!(text(res).await, "Hello World!\n");
+    }
+    assert_eq!(app.seen().len(), 5);
+    assert_eq!(
+        app.connections_accepted(),
+        1,
+        "one pooled connection serves all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_pool_keeps_container_concurrency_connections() {
+    // The app holds requests until told, so that five connections open.
+    let (arrived_tx, mut arrived_rx) = mpsc::channel::<oneshot::Sender<()>>(5);
+    let app = App::start(move |_| {
+        let arrived = arrived_tx.clone();
+        async move {
+            let (release_tx, release_rx) = oneshot::channel();
+            arrived.send(release_tx).await.unwrap();
+            let _ = release_rx.await;
+            Response::new(full("done"))
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[("CONTAINER_CONCURRENCY", "2")]);
+
+    let requests: Vec<_> = (0..5)
+        .map(|_| {
+            let addr = qp.main;
+            tokio::spawn(async move { text(h1(addr, get("/", &[])).await).await })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(
+            within("a request at the app", arrived_rx.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    app.wait_open_connections(5).await;
+    for release in held {
+        release.send(()).unwrap();
+    }
+    for r in requests {
+        assert_eq!(within("a response", r).await.unwrap(), "done");
+    }
+    // Two stay idle for reuse; the rest are closed.
+    app.wait_open_connections(2).await;
 }

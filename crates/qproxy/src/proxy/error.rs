@@ -41,15 +41,15 @@ pub enum UpstreamError {
     #[error("http: invalid Host header")]
     InvalidHost,
     /// The client asked to switch to a protocol that is not printable ASCII.
-    #[error("client tried to switch to invalid protocol {0:?}")]
-    InvalidClientUpgrade(String),
+    #[error("client tried to switch to invalid protocol {}", go_quote(.0))]
+    InvalidClientUpgrade(Vec<u8>),
     /// The app switched to a protocol other than the one requested.
-    #[error("backend tried to switch protocol {offered:?} when {requested:?} was requested")]
+    #[error("backend tried to switch protocol {} when {} was requested", go_quote(.offered), go_quote(.requested))]
     UpgradeMismatch {
         /// What the client asked for.
-        requested: String,
+        requested: Vec<u8>,
         /// What the app switched to.
-        offered: String,
+        offered: Vec<u8>,
     },
     /// Anything else.
     #[error("{0}")]
@@ -132,6 +132,34 @@ fn copy_io(err: &io::Error) -> io::Error {
     }
 }
 
+/// `s` quoted as Go's `%q` quotes it: printable characters as they are,
+/// `"` and `\\` escaped, control characters and invalid UTF-8 as escapes.
+fn go_quote(s: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for chunk in s.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                    out.push_str(&format!("\\x{:02x}", c as u32));
+                }
+                c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The text Go prints for an OS error: the C library's message, lower-cased
 /// (`connection refused`, `connection reset by peer`, ...).
 fn errno_text(err: &io::Error) -> String {
@@ -183,12 +211,24 @@ mod tests {
         assert_eq!(UpstreamError::Closed.to_string(), "EOF");
         assert_eq!(
             UpstreamError::UpgradeMismatch {
-                requested: "websocket".into(),
-                offered: "h2c".into()
+                requested: b"websocket".to_vec(),
+                offered: b"h2c".to_vec()
             }
             .to_string(),
             r#"backend tried to switch protocol "h2c" when "websocket" was requested"#
         );
         assert!(UpstreamError::ClientGone.is_client_gone());
+    }
+
+    #[test]
+    fn quoting_follows_go() {
+        assert_eq!(go_quote(b"websocket"), r#""websocket""#);
+        assert_eq!(go_quote(b"caf\xc3\xa9"), r#""café""#);
+        assert_eq!(go_quote(b"caf\xe9"), r#""caf\xe9""#);
+        assert_eq!(go_quote(b"a\"b\\c\td\x01\x7f"), r#""a\"b\\c\td\x01\x7f""#);
+        assert_eq!(
+            UpstreamError::InvalidClientUpgrade(b"x\xff".to_vec()).to_string(),
+            r#"client tried to switch to invalid protocol "x\xff""#
+        );
     }
 }

@@ -87,7 +87,7 @@ impl Proxy {
         let client_upgrade = match &hop.upgrade {
             Some(protocol) if !is_printable(protocol.as_bytes()) => {
                 return Err(UpstreamError::InvalidClientUpgrade(
-                    String::from_utf8_lossy(protocol.as_bytes()).into_owned(),
+                    protocol.as_bytes().to_vec(),
                 ));
             }
             Some(_) if !h2 => Some(hyper::upgrade::on(&mut req)),
@@ -190,10 +190,9 @@ fn is_printable(s: &[u8]) -> bool {
 }
 
 fn mismatch(requested: Option<&[u8]>, offered: Option<&[u8]>) -> UpstreamError {
-    let text = |v: Option<&[u8]>| String::from_utf8_lossy(v.unwrap_or_default()).into_owned();
     UpstreamError::UpgradeMismatch {
-        requested: text(requested),
-        offered: text(offered),
+        requested: requested.unwrap_or_default().to_vec(),
+        offered: offered.unwrap_or_default().to_vec(),
     }
 }
 

@@ -261,6 +261,15 @@ pub struct App {
     /// Where it listens.
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    connections: Arc<Connections>,
+}
+
+/// Connections an app has accepted, and how many are still open.
+#[derive(Default)]
+struct Connections {
+    /// (accepted, open)
+    counts: Mutex<(usize, usize)>,
+    changed: tokio::sync::Notify,
 }
 
 impl App {
@@ -274,11 +283,19 @@ impl App {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
+        let connections = Arc::new(Connections::default());
+        let conns = connections.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                {
+                    let mut c = conns.counts.lock().unwrap();
+                    c.0 += 1;
+                    c.1 += 1;
+                }
+                let conns = conns.clone();
                 let handler = handler.clone();
                 let log = log.clone();
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -295,10 +312,35 @@ impl App {
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
+                    conns.counts.lock().unwrap().1 -= 1;
+                    conns.changed.notify_waiters();
                 });
             }
         });
-        App { addr, seen }
+        App {
+            addr,
+            seen,
+            connections,
+        }
+    }
+
+    /// How many connections the app has accepted so far.
+    pub fn connections_accepted(&self) -> usize {
+        self.connections.counts.lock().unwrap().0
+    }
+
+    /// Waits until exactly `n` of the app's connections are open.
+    pub async fn wait_open_connections(&self, n: usize) {
+        within(&format!("{n} open connections at the app"), async {
+            loop {
+                let changed = self.connections.changed.notified();
+                if self.connections.counts.lock().unwrap().1 == n {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
     }
 
     /// An app answering `Hello World!` to everything.
