@@ -32,11 +32,12 @@ use std::sync::Arc;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tower::service_fn;
+use tower::{Layer, service_fn};
 
 pub use config::{Config, ConfigError};
 pub use server::BindError;
 
+use crate::layers::server_rules::ServerRulesLayer;
 use crate::proxy::Upstream;
 use crate::server::{Listener, admin_builder, main_builder, serve};
 use crate::stack::Shared;
@@ -142,14 +143,14 @@ impl Server {
         servers.spawn(serve(
             self.admin,
             admin_builder(),
-            |_| service_fn(admin::admin),
+            |_| ServerRulesLayer.layer(service_fn(admin::admin)),
             graceful.clone(),
             stopped.clone(),
         ));
         servers.spawn(serve(
             self.stats,
             admin_builder(),
-            |_| service_fn(admin::stats),
+            |_| ServerRulesLayer.layer(service_fn(admin::stats)),
             graceful.clone(),
             stopped.clone(),
         ));
@@ -157,7 +158,7 @@ impl Server {
             servers.spawn(serve(
                 metrics,
                 admin_builder(),
-                |_| service_fn(admin::metrics),
+                |_| ServerRulesLayer.layer(service_fn(admin::metrics)),
                 graceful.clone(),
                 stopped.clone(),
             ));

@@ -126,6 +126,9 @@ pub fn main_builder() -> auto::Builder<TokioExecutor> {
         // Idle keep-alive connections stay open, as with Go's server: the
         // activator pools them and a timer here would race its reuse.
         .header_read_timeout(None)
+        // Header names as Go writes them (`Content-Type`), for clients that
+        // compare them case-sensitively.
+        .title_case_headers(true)
         .max_buf_size(MAX_HEADER_BYTES);
     builder
         .http2()
@@ -141,7 +144,8 @@ pub fn admin_builder() -> auto::Builder<TokioExecutor> {
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(ADMIN_HEADER_TIMEOUT);
+        .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+        .title_case_headers(true);
     builder
 }
 

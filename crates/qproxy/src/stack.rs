@@ -6,6 +6,7 @@
 //!
 //! | Knative handler            | qproxy                          |
 //! |----------------------------|---------------------------------|
+//! | Go's `net/http` server     | [`ServerRulesLayer`]            |
 //! | tracing / request metrics  | *(observability)*               |
 //! | request log                | *(observability)*               |
 //! | drainer, health checks     | *(probes and drain)*            |
@@ -32,6 +33,7 @@ use crate::body::Body;
 use crate::layers::RewriteLayer;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::host_rewrite::HostRewrite;
+use crate::layers::server_rules::ServerRulesLayer;
 use crate::proxy::{Proxy, Upstream};
 use crate::server::Conn;
 
@@ -55,6 +57,7 @@ pub fn main_service(
 + Send
 + use<> {
     ServiceBuilder::new()
+        .layer(ServerRulesLayer)
         .layer(RewriteLayer::new(ForwardedShim))
         .layer(RewriteLayer::new(HostRewrite))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))

@@ -122,6 +122,35 @@ async fn malformed_request_is_400_and_others_are_served() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn host_rules_of_go_servers() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let answer = raw_exchange(qp.main, b"GET / HTTP/1.1\r\n\r\n").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request: missing required Host header\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("\r\nConnection: close\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n400 Bad Request: missing required Host header"));
+
+    let answer = raw_exchange(qp.main, b"GET / HTTP/1.1\r\nHost: bad host\r\n\r\n").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request: malformed Host header\r\n"),
+        "{answer}"
+    );
+
+    // HTTP/1.0 needs no Host.
+    let answer = raw_exchange(qp.main, b"GET / HTTP/1.0\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.0 200 OK\r\n"), "{answer}");
+    assert_eq!(
+        app.seen().len(),
+        1,
+        "only the HTTP/1.0 request reaches the app"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn client_gone_cancels_the_upstream_request_quietly() {
     // The app takes the request and waits to see its connection closed.
     let app = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -238,3 +238,60 @@ async fn hop_by_hop_response_headers_are_dropped() {
     assert_eq!(res.headers()["x-kept"], "yes");
     assert_eq!(text(res).await, "ok");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn options_star_is_answered_without_the_app() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    let answer = raw_exchange(qp.main, b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.contains("\r\nContent-Length: 0\r\n"), "{answer}");
+    assert!(app.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http1_header_names_are_canonical_both_ways() {
+    // An app that shows the request head it received, byte for byte.
+    let port = raw_app(|mut s| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nx-app-header: 1\r\ncontent-length: {}\r\n\r\n",
+            head.len()
+        );
+        let _ = s.write_all(reply.as_bytes()).await;
+        let _ = s.write_all(&head).await;
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+    let answer = raw_exchange(
+        qp.main,
+        b"GET / HTTP/1.1\r\nhost: h\r\nx-custom-thing: v\r\n\r\n",
+    )
+    .await;
+    assert!(answer.contains("\r\nX-App-Header: 1\r\n"), "{answer}");
+    assert!(answer.contains("\r\nContent-Length: "), "{answer}");
+    let (_, seen) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(seen.contains("\r\nHost: h\r\n"), "{seen}");
+    assert!(seen.contains("\r\nX-Custom-Thing: v\r\n"), "{seen}");
+    assert!(
+        seen.contains("\r\nX-Forwarded-For: 127.0.0.1\r\n"),
+        "{seen}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_apps_reason_phrase_is_replaced_by_the_standard_one() {
+    let port = canned_app(b"HTTP/1.1 200 Everything Is Fine\r\nContent-Length: 2\r\n\r\nok").await;
+    let qp = QProxy::start(port, &[]);
+    let answer = raw_exchange(qp.main, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+}

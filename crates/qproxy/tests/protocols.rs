@@ -150,7 +150,7 @@ async fn upgrade_to_an_unprintable_protocol_is_502() {
     }
     let expected = "client tried to switch to invalid protocol \"caf\\xe9\"\n";
     assert!(
-        rest.contains(&format!("content-length: {}\r\n", expected.len())),
+        rest.contains(&format!("Content-Length: {}\r\n", expected.len())),
         "{rest:?}"
     );
     let mut body = vec![0; expected.len()];
@@ -390,6 +390,7 @@ async fn one_gibibyte_each_way_with_flat_memory() {
     // A gibibyte takes a while in a debug build: a longer deadline here.
     let slow = DEADLINE * 6;
     let upload = Request::post("/upload")
+        .header("host", "hello.example.com")
         .body(Zeros::new(GIB).boxed())
         .unwrap();
     let stream = TcpStream::connect(qp.main).await.unwrap();

@@ -6,6 +6,7 @@
 
 pub mod forwarded;
 pub mod host_rewrite;
+pub mod server_rules;
 
 use std::task::{Context, Poll};
 

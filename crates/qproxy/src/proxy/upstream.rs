@@ -44,6 +44,8 @@ impl Upstream {
         connector.set_nodelay(true);
         connector.set_keepalive(Some(TCP_KEEPALIVE));
         let http1 = Client::builder(TokioExecutor::new())
+            // Header names as Go's transport writes them (`X-Forwarded-For`).
+            .http1_title_case_headers(true)
             .pool_max_idle_per_host(max_idle)
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())

@@ -398,14 +398,59 @@ pub async fn canned_app(response: &'static [u8]) -> u16 {
     .await
 }
 
+/// Sends raw bytes on a new connection and returns everything the server
+/// writes back until it closes the connection or the whole response
+/// (going by its `Content-Length`) has arrived.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    within("a raw response", async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head.lines().find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                });
+                if length.is_some_and(|n| body.len() >= n) {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 /// A loopback port with nothing listening on it.
 pub fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     l.local_addr().unwrap().port()
 }
 
-/// Sends one HTTP/1.1 request on a new connection.
-pub async fn h1(addr: SocketAddr, req: Request<TestBody>) -> Response<Incoming> {
+/// Sends one HTTP/1.1 request on a new connection, as a browser or curl
+/// would: origin-form, with a `Host` (from the URI, or `hello.example.com`).
+pub async fn h1(addr: SocketAddr, mut req: Request<TestBody>) -> Response<Incoming> {
+    if !req.headers().contains_key(http::header::HOST) {
+        let host = req
+            .uri()
+            .authority()
+            .map_or("hello.example.com", |a| a.as_str())
+            .to_owned();
+        req.headers_mut()
+            .insert(http::header::HOST, host.parse().unwrap());
+    }
+    if let Some(path) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = Uri::from(path);
+    }
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await

@@ -1,0 +1,185 @@
+//! What Go's `net/http` server does before any handler runs, and so what
+//! every client of Knative's queue-proxy has always seen:
+//!
+//! - an HTTP/1.1 request without `Host` (CONNECT aside) is `400` with the
+//!   reason `Bad Request: missing required Host header`, and the
+//!   connection is closed;
+//! - a `Host` holding a byte Go does not accept in a host is `400`
+//!   `Bad Request: malformed Host header`;
+//! - `OPTIONS *` is answered by the server itself, `200` with an empty
+//!   body, and never reaches the app.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use hyper::ext::ReasonPhrase;
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::body::Body;
+
+/// Adds [`ServerRules`] to a stack.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServerRulesLayer;
+
+impl<S> Layer<S> for ServerRulesLayer {
+    type Service = ServerRules<S>;
+
+    fn layer(&self, inner: S) -> ServerRules<S> {
+        ServerRules { inner }
+    }
+}
+
+/// Answers the requests Go's server answers itself; passes the rest on.
+#[derive(Debug, Clone)]
+pub struct ServerRules<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for ServerRules<S>
+where
+    S: Service<Request<B>, Response = Response<Body>, Error = Infallible>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = RulesFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        match answer(&req) {
+            Some(res) => RulesFuture::Answered { res: Some(res) },
+            None => RulesFuture::Inner {
+                fut: self.inner.call(req),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The response of [`ServerRules`]: its own, or the inner service's.
+    #[project = RulesFutureProj]
+    pub enum RulesFuture<F> {
+        /// Answered without the inner service.
+        Answered { res: Option<Response<Body>> },
+        /// Passed on.
+        Inner { #[pin] fut: F },
+    }
+}
+
+impl<F> Future for RulesFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>>,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            RulesFutureProj::Answered { res } => match res.take() {
+                Some(res) => Poll::Ready(Ok(res)),
+                None => Poll::Pending,
+            },
+            RulesFutureProj::Inner { fut } => fut.poll(cx),
+        }
+    }
+}
+
+/// The answer Go's server gives `req` by itself, if any.
+pub fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
+    if req.method() == Method::OPTIONS && req.uri() == "*" {
+        return Some(Response::new(Body::empty()));
+    }
+    if req.version() == Version::HTTP_11 && req.method() != Method::CONNECT {
+        let mut hosts = req.headers().get_all(HOST).iter();
+        match (hosts.next(), hosts.next()) {
+            (None, _) => return Some(bad_request("missing required Host header")),
+            (Some(host), None) if !host.as_bytes().iter().all(|b| valid_host_byte(*b)) => {
+                return Some(bad_request("malformed Host header"));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Go's `httpguts.ValidHostHeader` alphabet: letters, digits and the
+/// punctuation of hosts, IPv6 literals, zones and ports.
+fn valid_host_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!$%&()*+,-.:;=[]'_~".contains(&b)
+}
+
+/// Go's reply to a request it cannot serve: the reason in the status line
+/// and the body, and the connection closed.
+fn bad_request(reason: &'static str) -> Response<Body> {
+    let text = format!("400 Bad Request: {reason}");
+    let mut res = Response::new(Body::full(text));
+    *res.status_mut() = StatusCode::BAD_REQUEST;
+    let headers = res.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    let phrase = format!("Bad Request: {reason}");
+    if let Ok(phrase) = ReasonPhrase::try_from(phrase.into_bytes()) {
+        res.extensions_mut().insert(phrase);
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: Method, uri: &str, version: Version, hosts: &[&str]) -> Request<()> {
+        let mut b = Request::builder().method(method).uri(uri).version(version);
+        for h in hosts {
+            b = b.header(HOST, *h);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn options_star_is_answered_here() {
+        let res = answer(&req(Method::OPTIONS, "*", Version::HTTP_11, &["h"])).unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(answer(&req(Method::OPTIONS, "/", Version::HTTP_11, &["h"])).is_none());
+    }
+
+    #[test]
+    fn http11_needs_a_valid_host() {
+        let res = answer(&req(Method::GET, "/", Version::HTTP_11, &[])).unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(res.headers()[CONNECTION], "close");
+        assert_eq!(
+            res.extensions().get::<ReasonPhrase>().unwrap().as_bytes(),
+            b"Bad Request: missing required Host header"
+        );
+        let res = answer(&req(Method::GET, "/", Version::HTTP_11, &["a b"])).unwrap();
+        assert_eq!(
+            res.extensions().get::<ReasonPhrase>().unwrap().as_bytes(),
+            b"Bad Request: malformed Host header"
+        );
+        for ok in ["h", "", "[::1]:80", "a.b-c_d~e:8080", "fe80::1%25eth0"] {
+            assert!(
+                answer(&req(Method::GET, "/", Version::HTTP_11, &[ok])).is_none(),
+                "{ok}"
+            );
+        }
+        // Several Host headers pass: the first one counts, as in Go.
+        assert!(answer(&req(Method::GET, "/", Version::HTTP_11, &["a", "b c"])).is_none());
+    }
+
+    #[test]
+    fn older_versions_connect_and_h2_are_exempt() {
+        assert!(answer(&req(Method::GET, "/", Version::HTTP_10, &[])).is_none());
+        assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &[])).is_none());
+        assert!(answer(&req(Method::GET, "http://h/", Version::HTTP_2, &[])).is_none());
+    }
+}
