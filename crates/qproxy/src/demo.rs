@@ -55,7 +55,7 @@ pub async fn run() -> Result<(), Error> {
         }
     }
     let config = Config::from_vars(&vars)?;
-    crate::observe::log::init(&config.logging, &config.revision);
+    crate::observe::log::init(&config.logging, &config.revision, &config.warnings);
     let server = Server::bind(config)?;
     println!("{}", banner(app_addr, &server));
     server.run(shutdown_signal()).await

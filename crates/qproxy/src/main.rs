@@ -48,7 +48,7 @@ fn serve() -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    qproxy::observe::log::init(&config.logging, &config.revision);
+    qproxy::observe::log::init(&config.logging, &config.revision, &config.warnings);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -59,8 +59,9 @@ fn serve() -> ExitCode {
     match runtime.block_on(qproxy::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Logging is up: the error is one log line, as Knative's is.
             tracing::error!(error = %e, "Failed to bring up queue-proxy, shutting down.");
-            fail(&e)
+            ExitCode::FAILURE
         }
     }
 }
@@ -79,7 +80,7 @@ fn demo() -> ExitCode {
     }
 }
 
-/// One line on stderr, exit code 1.
+/// One line on stderr, exit code 1: for failures before logging is up.
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("qproxy: {e}");
     ExitCode::FAILURE

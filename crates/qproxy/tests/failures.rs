@@ -227,13 +227,24 @@ fn port_in_use_is_a_clear_startup_error() {
     env.push(("QPROXY_ADMIN_PORT".to_owned(), port.clone()));
     let out = run_to_exit(&env);
     assert_eq!(out.status.code(), Some(1));
+    // Logging is up by then: the failure is one error line in the log.
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.starts_with(&format!(
-            "qproxy: cannot listen on port {port} for the admin server: "
-        )),
-        "{stderr}"
+    let errors: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|l: &serde_json::Value| l["severity"] == "ERROR")
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert_eq!(
+        errors[0]["message"],
+        "Failed to bring up queue-proxy, shutting down."
     );
-    assert!(stderr.contains("in use"), "{stderr}");
+    let error = errors[0]["error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&format!(
+            "cannot listen on port {port} for the admin server: "
+        )),
+        "{error}"
+    );
+    assert!(error.contains("in use"), "{error}");
 }

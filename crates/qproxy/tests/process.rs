@@ -110,3 +110,41 @@ async fn sigterm_finishes_requests_in_flight_then_exits_0() {
     });
     assert_eq!(qp.wait_exit().code(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_go_where_the_zap_config_says() {
+    let app = App::hello().await;
+    // Knative's default: an empty config, so zap's production default, stderr.
+    let mut qp = QProxy::start(app.port(), &[]);
+    let logs = qp.stop_and_collect_logs();
+    assert!(!logs.is_empty());
+    assert!(logs.iter().all(|l| l["_stream"] == "stderr"), "{logs:#?}");
+
+    // config-logging's documented zap-logger-config writes to stdout.
+    let example = r#"{"level":"info","outputPaths":["stdout"],"errorOutputPaths":["stderr"],"encoding":"json","encoderConfig":{"timeKey":"timestamp","levelKey":"severity","nameKey":"logger","callerKey":"caller","messageKey":"message","levelEncoder":"","timeEncoder":"iso8601"}}"#;
+    let mut qp = QProxy::start(app.port(), &[("SERVING_LOGGING_CONFIG", example)]);
+    let logs = qp.stop_and_collect_logs();
+    assert!(logs.iter().all(|l| l["_stream"] == "stdout"), "{logs:#?}");
+    assert_eq!(logs[0]["severity"], "info");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn settings_not_honoured_are_logged_as_warnings() {
+    let app = App::hello().await;
+    let mut qp = QProxy::start(
+        app.port(),
+        &[
+            ("SERVING_REQUEST_METRICS_BACKEND", "stackdriver"),
+            ("QUEUE_PROXY_TLS_MIN_VERSION", "1.0"),
+        ],
+    );
+    let warnings: Vec<String> = qp
+        .stop_and_collect_logs()
+        .iter()
+        .filter(|l| l["severity"] == "WARNING")
+        .map(|l| l["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(warnings[0].starts_with("SERVING_REQUEST_METRICS_BACKEND=\"stackdriver\""));
+    assert!(warnings[1].starts_with("QUEUE_PROXY_TLS_MIN_VERSION=\"1.0\" is invalid"));
+}

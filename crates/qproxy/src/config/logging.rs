@@ -90,9 +90,38 @@ pub struct Logging {
     pub level_style: LevelStyle,
     /// Timestamp format.
     pub time_style: TimeStyle,
+    /// Where lines go (zap's `outputPaths`); Knative's default is stderr.
+    pub outputs: Vec<LogOutput>,
+    /// zap's sampling: per level and message and per second, the first
+    /// `initial` lines are written, then every `thereafter`-th.
+    pub sampling: Option<Sampling>,
     /// Set when `SERVING_LOGGING_CONFIG` did not parse and the defaults were
     /// used instead: the reason, to be logged once logging is up.
     pub fallback_reason: Option<String>,
+    /// Settings of the zap config qproxy does not honour, to be logged.
+    pub warnings: Vec<String>,
+}
+
+/// A destination of log lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogOutput {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+    /// A file, appended to.
+    File(std::path::PathBuf),
+}
+
+/// zap's sampling settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Sampling {
+    /// Lines per level and message per second written in full.
+    #[serde(default)]
+    pub initial: u64,
+    /// After those, every this many-th line is written (0: none).
+    #[serde(default)]
+    pub thereafter: u64,
 }
 
 impl Default for Logging {
@@ -107,7 +136,13 @@ impl Default for Logging {
             message_key: Some("message".into()),
             level_style: LevelStyle::Stackdriver,
             time_style: TimeStyle::Rfc3339Nano,
+            outputs: vec![LogOutput::Stderr],
+            sampling: Some(Sampling {
+                initial: 100,
+                thereafter: 100,
+            }),
             fallback_reason: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -116,7 +151,22 @@ impl Default for Logging {
 #[serde(rename_all = "camelCase")]
 struct ZapConfig {
     level: Option<String>,
+    encoding: Option<String>,
+    output_paths: Option<Vec<String>>,
+    disable_caller: Option<bool>,
+    /// Absent keeps the default; `null` turns sampling off.
+    #[serde(default, deserialize_with = "present")]
+    sampling: Option<Option<Sampling>>,
     encoder_config: Option<EncoderConfig>,
+}
+
+/// Tells a key given as `null` (`Some(None)`) from an absent one (`None`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -170,6 +220,29 @@ impl Logging {
         let zap: ZapConfig = super::from_json_object(json).map_err(|e| e.to_string())?;
         if let Some(level) = zap.level {
             out.level = Level::parse(&level).ok_or_else(|| format!("unknown level {level:?}"))?;
+        }
+        if let Some(paths) = zap.output_paths {
+            out.outputs = paths
+                .into_iter()
+                .map(|p| match p.as_str() {
+                    "stdout" => LogOutput::Stdout,
+                    "stderr" => LogOutput::Stderr,
+                    _ => LogOutput::File(p.into()),
+                })
+                .collect();
+        }
+        if let Some(sampling) = zap.sampling {
+            out.sampling = sampling;
+        }
+        if zap.disable_caller == Some(true) {
+            out.caller_key = None;
+        }
+        match zap.encoding.as_deref() {
+            None | Some("json") => {}
+            Some("console") => out.warnings.push(format!(
+                "{LOGGING_CONFIG}: console encoding is not supported; logging JSON"
+            )),
+            Some(other) => return Err(format!("no encoder registered for name {other:?}")),
         }
         if let Some(enc) = zap.encoder_config {
             let key = |k: Option<String>, into: &mut Option<String>| {
@@ -259,7 +332,51 @@ mod tests {
         assert_eq!(l.level_key.as_deref(), Some("severity"));
         assert_eq!(l.level_style, LevelStyle::Lowercase);
         assert_eq!(l.time_style, TimeStyle::Iso8601);
+        assert_eq!(l.outputs, [LogOutput::Stdout]);
+        assert_eq!(l.sampling, Logging::default().sampling);
         assert_eq!(l.fallback_reason, None);
+    }
+
+    #[test]
+    fn default_goes_to_stderr_with_zap_sampling() {
+        let l = logging("", "");
+        let l = l.unwrap();
+        assert_eq!(l.outputs, [LogOutput::Stderr]);
+        assert_eq!(
+            l.sampling,
+            Some(Sampling {
+                initial: 100,
+                thereafter: 100
+            })
+        );
+    }
+
+    #[test]
+    fn outputs_sampling_caller_and_encoding() {
+        let l = logging(
+            r#"{"outputPaths":["stdout","/tmp/q.log"],"sampling":null,"disableCaller":true}"#,
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            l.outputs,
+            [LogOutput::Stdout, LogOutput::File("/tmp/q.log".into())]
+        );
+        assert_eq!(l.sampling, None);
+        assert_eq!(l.caller_key, None);
+        let l = logging(r#"{"sampling":{"initial":5,"thereafter":10}}"#, "").unwrap();
+        assert_eq!(
+            l.sampling,
+            Some(Sampling {
+                initial: 5,
+                thereafter: 10
+            })
+        );
+        let l = logging(r#"{"encoding":"console"}"#, "").unwrap();
+        assert_eq!(l.warnings.len(), 1);
+        assert_eq!(l.fallback_reason, None);
+        let l = logging(r#"{"encoding":"yaml"}"#, "").unwrap();
+        assert!(l.fallback_reason.is_some());
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod vars;
 
 use std::time::Duration;
 
-pub use logging::{Level, LevelStyle, Logging, TimeStyle};
+pub use logging::{Level, LevelStyle, LogOutput, Logging, Sampling, TimeStyle};
 pub use observability::{
     Classic, Current, DEFAULT_REQUEST_LOG_TEMPLATE, Generation, MetricsBackend, MetricsConfig,
     MetricsProtocol, Observability, RequestLog, RuntimeConfig, TracingBackend, TracingConfig,
@@ -206,14 +206,18 @@ pub struct Config {
     pub logging: Logging,
     /// Metrics, tracing, request log, profiling.
     pub observability: Observability,
-    /// TLS listener settings.
-    pub tls: Tls,
+    /// TLS listener settings, or why they are invalid: like Knative, qproxy
+    /// fails on them only when it serves TLS.
+    pub tls: Result<Tls, ConfigError>,
     /// `HOST_IP`: the node's address.
     pub host_ip: Option<String>,
     /// `SYSTEM_NAMESPACE`: Knative's own namespace.
     pub system_namespace: Option<String>,
     /// `ROOT_CA`: extra CA bundle (PEM) for talking TLS to Knative.
     pub root_ca: Option<String>,
+    /// Settings that were accepted but not honoured as given, to be logged
+    /// once logging is up.
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -261,6 +265,13 @@ impl Config {
             Some(json) => probe::decode(json, features.multi_container_probes)
                 .map_err(|e| ConfigError::invalid(PROBE, json, e.to_string()))?,
         };
+        let logging = Logging::from_vars(vars)?;
+        let mut warnings = logging.warnings.clone();
+        let observability = observability::from_vars(vars, &mut warnings)?;
+        let tls = Tls::from_vars(vars);
+        if let Err(e) = &tls {
+            warnings.push(format!("{e}; TLS settings matter only when TLS is served"));
+        }
         Ok(Self {
             revision,
             ports,
@@ -268,12 +279,13 @@ impl Config {
             timeouts,
             readiness_probes,
             features,
-            logging: Logging::from_vars(vars)?,
-            observability: observability::from_vars(vars)?,
-            tls: Tls::from_vars(vars)?,
+            logging,
+            observability,
+            tls,
             host_ip: vars.non_empty("HOST_IP")?.map(str::to_owned),
             system_namespace: vars.non_empty("SYSTEM_NAMESPACE")?.map(str::to_owned),
             root_ca: vars.non_empty("ROOT_CA")?.map(str::to_owned),
+            warnings,
         })
     }
 
@@ -373,7 +385,8 @@ mod tests {
         assert_eq!(c.logging.level, Level::Info);
         assert_eq!(c.system_namespace.as_deref(), Some("knative-serving"));
         assert_eq!(c.root_ca, None);
-        assert_eq!(c.tls.min_version, TlsVersion::Tls13);
+        assert_eq!(c.tls.as_ref().unwrap().min_version, TlsVersion::Tls13);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     }
 
     #[test]
@@ -447,7 +460,6 @@ mod tests {
                 "OBSERVABILITY_CONFIG",
                 "{\"metrics\":{\"protocol\":\"smtp\"}}",
             ),
-            ("QUEUE_PROXY_TLS_MAX_VERSION", "2.0"),
             ("QPROXY_ADMIN_PORT", "x"),
             ("QPROXY_STATS_PORT", "-9090"),
             ("QPROXY_METRICS_PORT", ""),
@@ -463,6 +475,17 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn bad_tls_settings_wait_until_tls_is_served() {
+        let mut vars = defaults();
+        vars.set("QUEUE_PROXY_TLS_MAX_VERSION", "2.0");
+        let c = Config::from_vars(&vars).unwrap();
+        let err = c.tls.unwrap_err();
+        assert_eq!(err.variable(), "QUEUE_PROXY_TLS_MAX_VERSION");
+        assert_eq!(c.warnings.len(), 1);
+        assert!(c.warnings[0].starts_with(r#"QUEUE_PROXY_TLS_MAX_VERSION="2.0" is invalid"#));
     }
 
     #[test]

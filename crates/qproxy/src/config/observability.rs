@@ -129,30 +129,34 @@ pub enum TracingBackend {
 }
 
 impl Classic {
-    pub(crate) fn from_vars(vars: &Vars) -> Result<Self, ConfigError> {
+    /// Reads the classic variables. An unknown metrics or tracing backend
+    /// is not fatal, as in Knative: that feature is off and a warning says so.
+    pub(crate) fn from_vars(vars: &Vars, warnings: &mut Vec<String>) -> Result<Self, ConfigError> {
         const BACKEND: &str = "SERVING_REQUEST_METRICS_BACKEND";
-        let request_metrics_backend = match vars.raw(BACKEND)?.unwrap_or("") {
+        let backend = vars.raw(BACKEND)?.unwrap_or("");
+        let request_metrics_backend = match backend.to_ascii_lowercase().as_str() {
             "" | "none" => MetricsBackend::None,
             "prometheus" => MetricsBackend::Prometheus,
             "opencensus" => MetricsBackend::OpenCensus,
-            other => {
-                return Err(ConfigError::invalid(
-                    BACKEND,
-                    other,
-                    "expected prometheus, opencensus, none or empty",
+            _ => {
+                warnings.push(format!(
+                    "{BACKEND}={backend:?} is not a supported metrics backend \
+                     (prometheus, opencensus, none); request metrics are off"
                 ));
+                MetricsBackend::None
             }
         };
         const TRACING: &str = "TRACING_CONFIG_BACKEND";
-        let tracing_backend = match vars.raw(TRACING)?.unwrap_or("") {
+        let tracing = vars.raw(TRACING)?.unwrap_or("");
+        let tracing_backend = match tracing {
             "" | "none" => TracingBackend::None,
             "zipkin" => TracingBackend::Zipkin,
-            other => {
-                return Err(ConfigError::invalid(
-                    TRACING,
-                    other,
-                    "expected zipkin, none or empty",
+            _ => {
+                warnings.push(format!(
+                    "{TRACING}={tracing:?} is not a supported tracing backend \
+                     (zipkin, none); tracing is off"
                 ));
+                TracingBackend::None
             }
         };
         let sample_rate = vars.float("TRACING_CONFIG_SAMPLE_RATE")?;
@@ -383,10 +387,13 @@ fn interval(nanos: i64) -> Result<Option<Duration>, String> {
     }
 }
 
-pub(crate) fn from_vars(vars: &Vars) -> Result<Observability, ConfigError> {
+pub(crate) fn from_vars(
+    vars: &Vars,
+    warnings: &mut Vec<String>,
+) -> Result<Observability, ConfigError> {
     match vars.non_empty(OBSERVABILITY_CONFIG)? {
         Some(json) => Current::from_json(json).map(Observability::Current),
-        None => Classic::from_vars(vars).map(Observability::Classic),
+        None => Classic::from_vars(vars, warnings).map(Observability::Classic),
     }
 }
 
@@ -395,7 +402,7 @@ mod tests {
     use super::*;
 
     fn classic(pairs: &[(&str, &str)]) -> Result<Observability, ConfigError> {
-        from_vars(&Vars::from_pairs(pairs.iter().copied()))
+        from_vars(&Vars::from_pairs(pairs.iter().copied()), &mut Vec::new())
     }
 
     /// What serving v0.42's reconciler sets with a default config-observability.
@@ -440,13 +447,27 @@ mod tests {
     }
 
     #[test]
-    fn classic_rejects_unknown_backends_and_bad_values() {
-        let err = classic(&[("SERVING_REQUEST_METRICS_BACKEND", "statsd")]).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with(r#"SERVING_REQUEST_METRICS_BACKEND="statsd" is invalid"#)
-        );
-        assert!(classic(&[("TRACING_CONFIG_BACKEND", "jaeger")]).is_err());
+    fn classic_backends_are_lenient_like_knative() {
+        let mut warnings = Vec::new();
+        let vars = Vars::from_pairs([
+            ("SERVING_REQUEST_METRICS_BACKEND", "stackdriver"),
+            ("TRACING_CONFIG_BACKEND", "jaeger"),
+        ]);
+        let Observability::Classic(c) = from_vars(&vars, &mut warnings).unwrap() else {
+            panic!("expected classic");
+        };
+        assert_eq!(c.request_metrics_backend, MetricsBackend::None);
+        assert_eq!(c.tracing_backend, TracingBackend::None);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].starts_with(r#"SERVING_REQUEST_METRICS_BACKEND="stackdriver""#));
+
+        // Knative lower-cases the metrics backend.
+        let o = classic(&[("SERVING_REQUEST_METRICS_BACKEND", "Prometheus")]).unwrap();
+        assert!(o.prometheus_metrics());
+    }
+
+    #[test]
+    fn classic_rejects_bad_values() {
         assert!(classic(&[("TRACING_CONFIG_SAMPLE_RATE", "lots")]).is_err());
         assert!(classic(&[("TRACING_CONFIG_SAMPLE_RATE", "1.5")]).is_err());
         assert!(classic(&[("SERVING_ENABLE_REQUEST_LOG", "yes")]).is_err());

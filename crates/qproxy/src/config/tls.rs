@@ -3,6 +3,9 @@
 //! (knative.dev/pkg `network/tls.DefaultConfigFromEnv("QUEUE_PROXY_")`).
 //! Names are Go's: cipher suites as `crypto/tls.CipherSuiteName` spells
 //! them, curves as Go constant names or standard names. Empty means default.
+//! Knative reads these only when it serves TLS (its certificates are
+//! mounted), so a bad value is kept as an error for that moment rather than
+//! stopping a start that may never need it.
 
 use super::{ConfigError, Vars};
 

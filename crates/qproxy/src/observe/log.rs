@@ -1,6 +1,7 @@
 //! Log lines in the shape Knative's zap loggers write them.
 //!
-//! Every line is one JSON object on stdout:
+//! Every line is one JSON object, on stderr by default (Knative's default
+//! zap config) or where `outputPaths` says:
 //!
 //! ```json
 //! {"severity":"INFO","timestamp":"2026-01-02T03:04:05.123456789Z","logger":"queueproxy",
@@ -12,9 +13,15 @@
 //! `SERVING_LOGGING_CONFIG` (see [`Logging`]); the field order is zap's. The
 //! layer is a plain [`tracing_subscriber::Layer`], so code logs with
 //! `tracing`'s macros. Events from dependencies are shown from `WARN` up only.
+//! Like zap, repeated lines are sampled: per level and message, the first
+//! 100 of a second are written, then every 100th.
 
+use std::collections::HashMap;
 use std::fmt::{self, Write as _};
+use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::io::Write as _;
+use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use time::OffsetDateTime;
@@ -23,13 +30,73 @@ use tracing::{Event, Level as TraceLevel, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
-use crate::config::{Level, LevelStyle, Logging, Revision, TimeStyle};
+use crate::config::{Level, LevelStyle, LogOutput, Logging, Revision, Sampling, TimeStyle};
 
-/// A [`Layer`] writing zap-style JSON lines to stdout.
+/// A [`Layer`] writing zap-style JSON lines.
 #[derive(Debug)]
 pub struct ZapLayer {
     format: Format,
     max: TraceLevel,
+    sampler: Option<Sampler>,
+    sinks: Vec<Sink>,
+}
+
+/// Where a line is written.
+#[derive(Debug)]
+enum Sink {
+    Stdout,
+    Stderr,
+    File(Mutex<File>),
+}
+
+impl Sink {
+    fn write(&self, line: &[u8]) {
+        // A closed output is no reason to stop serving.
+        let _ = match self {
+            Sink::Stdout => std::io::stdout().lock().write_all(line),
+            Sink::Stderr => std::io::stderr().lock().write_all(line),
+            Sink::File(f) => f
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .write_all(line),
+        };
+    }
+}
+
+/// zap's sampler: counts lines per level and message within each second.
+#[derive(Debug)]
+struct Sampler {
+    sampling: Sampling,
+    window: Mutex<Window>,
+}
+
+/// The counts of one second.
+#[derive(Debug, Default)]
+struct Window {
+    second: u64,
+    /// Lines so far, by level and hash of the message.
+    counts: HashMap<(TraceLevel, u64), u64>,
+}
+
+impl Sampler {
+    fn allow(&self, level: TraceLevel, message: &str, second: u64) -> bool {
+        let mut hasher = std::hash::DefaultHasher::new();
+        message.hash(&mut hasher);
+        let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        if window.second != second {
+            *window = Window {
+                second,
+                counts: HashMap::new(),
+            };
+        }
+        let n = window.counts.entry((level, hasher.finish())).or_insert(0);
+        *n += 1;
+        let Sampling {
+            initial,
+            thereafter,
+        } = self.sampling;
+        *n <= initial || (thereafter != 0 && (*n - initial).is_multiple_of(thereafter))
+    }
 }
 
 #[derive(Debug)]
@@ -41,8 +108,34 @@ struct Format {
 }
 
 impl ZapLayer {
-    /// A layer for the given format, naming the revision and pod on every line.
-    pub fn new(logging: &Logging, revision: &Revision) -> Self {
+    /// A layer for the given format, naming the revision and pod on every
+    /// line. An output file that cannot be opened is replaced by stderr; the
+    /// reasons are returned for logging.
+    pub fn new(logging: &Logging, revision: &Revision) -> (Self, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut sinks: Vec<Sink> = logging
+            .outputs
+            .iter()
+            .filter_map(|o| match o {
+                LogOutput::Stdout => Some(Sink::Stdout),
+                LogOutput::Stderr => Some(Sink::Stderr),
+                LogOutput::File(path) => match File::options().create(true).append(true).open(path)
+                {
+                    Ok(f) => Some(Sink::File(Mutex::new(f))),
+                    Err(e) => {
+                        problems.push(format!("cannot open log output {}: {e}", path.display()));
+                        None
+                    }
+                },
+            })
+            .collect();
+        if sinks.is_empty() {
+            sinks.push(Sink::Stderr);
+        }
+        (Self::with_sinks(logging, revision, sinks), problems)
+    }
+
+    fn with_sinks(logging: &Logging, revision: &Revision, sinks: Vec<Sink>) -> Self {
         let mut context = String::new();
         context.push_str(",\"knative.dev/key\":");
         push_json_str(
@@ -57,6 +150,11 @@ impl ZapLayer {
             "queueproxy"
         };
         Self {
+            sampler: logging.sampling.map(|sampling| Sampler {
+                sampling,
+                window: Mutex::new(Window::default()),
+            }),
+            sinks,
             format: Format {
                 logging: logging.clone(),
                 logger,
@@ -81,11 +179,23 @@ impl ZapLayer {
         *meta.level() <= max
     }
 
-    /// Renders one event as a JSON line (with the trailing newline).
-    fn render(&self, event: &Event<'_>, now: SystemTime) -> String {
+    /// Renders one event as a JSON line (with the trailing newline), or
+    /// `None` when the sampler drops it.
+    fn render(&self, event: &Event<'_>, now: SystemTime) -> Option<String> {
         let f = &self.format;
         let cfg = &f.logging;
         let meta = event.metadata();
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if let Some(sampler) = &self.sampler {
+            let second = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            if !sampler.allow(*meta.level(), &fields.message, second) {
+                return None;
+            }
+        }
         let mut line = String::with_capacity(256);
         line.push('{');
         let mut first = true;
@@ -113,8 +223,6 @@ impl ZapLayer {
             let caller = format!("{}:{}", short_caller(file), meta.line().unwrap_or(0));
             push_json_str(&mut line, &caller);
         }
-        let mut fields = Fields::default();
-        event.record(&mut fields);
         if let Some(k) = &cfg.message_key {
             key(&mut line, k);
             push_json_str(&mut line, &fields.message);
@@ -127,7 +235,7 @@ impl ZapLayer {
         }
         line.push_str(&fields.rest);
         line.push_str("}\n");
-        line
+        Some(line)
     }
 }
 
@@ -137,16 +245,19 @@ impl<S: Subscriber> Layer<S> for ZapLayer {
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        let line = self.render(event, SystemTime::now());
-        // A closed stdout is no reason to stop serving.
-        let _ = std::io::stdout().lock().write_all(line.as_bytes());
+        if let Some(line) = self.render(event, SystemTime::now()) {
+            for sink in &self.sinks {
+                sink.write(line.as_bytes());
+            }
+        }
     }
 }
 
 /// Installs the JSON logger for the whole process and routes panics through
-/// it. Does nothing if a logger is already installed.
-pub fn init(logging: &Logging, revision: &Revision) {
-    let layer = ZapLayer::new(logging, revision);
+/// it, then logs `warnings` (settings that were not honoured). Does nothing
+/// if a logger is already installed.
+pub fn init(logging: &Logging, revision: &Revision, warnings: &[String]) {
+    let (layer, problems) = ZapLayer::new(logging, revision);
     if tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).is_err()
     {
         return;
@@ -169,6 +280,9 @@ pub fn init(logging: &Logging, revision: &Revision) {
             error = %reason,
             "Failed to parse logging config - using default zap production config"
         );
+    }
+    for warning in problems.iter().chain(warnings) {
+        tracing::warn!("{warning}");
     }
 }
 
@@ -361,8 +475,9 @@ mod tests {
         }
 
         fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-            let line = self.inner.render(event, self.now);
-            self.lines.lock().unwrap().push(line);
+            if let Some(line) = self.inner.render(event, self.now) {
+                self.lines.lock().unwrap().push(line);
+            }
         }
     }
 
@@ -381,7 +496,7 @@ mod tests {
         let config = crate::config::Config::from_vars(&vars).unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let layer = Capture {
-            inner: ZapLayer::new(logging, &config.revision),
+            inner: ZapLayer::with_sinks(logging, &config.revision, Vec::new()),
             lines: lines.clone(),
             now,
         };
@@ -540,6 +655,49 @@ mod tests {
         });
         let messages: Vec<_> = lines.iter().map(|l| l["message"].clone()).collect();
         assert_eq!(messages, ["odd peer", "ours"]);
+    }
+
+    #[test]
+    fn repeated_lines_are_sampled_like_zap() {
+        let cfg = logging(r#"{"sampling":{"initial":3,"thereafter":5}}"#, "");
+        let lines = capture(&cfg, at(10, 0), || {
+            for i in 0..20 {
+                tracing::info!(i, "same");
+            }
+            tracing::info!("other");
+            tracing::warn!("same");
+        });
+        let kept: Vec<_> = lines
+            .iter()
+            .filter(|l| l["message"] == "same" && l["severity"] == "INFO")
+            .map(|l| l["i"].as_u64().unwrap())
+            .collect();
+        // The first 3, then every 5th: the 8th, 13th and 18th.
+        assert_eq!(kept, [0, 1, 2, 7, 12, 17]);
+        assert!(lines.iter().any(|l| l["message"] == "other"));
+        assert!(lines.iter().any(|l| l["severity"] == "WARNING"));
+    }
+
+    #[test]
+    fn sampling_windows_are_one_second() {
+        let cfg = logging(r#"{"sampling":{"initial":1,"thereafter":0}}"#, "");
+        let vars = knative_defaults(8080);
+        let config = crate::config::Config::from_vars(&vars).unwrap();
+        let layer = ZapLayer::with_sinks(&cfg, &config.revision, Vec::new());
+        let sampler = layer.sampler.as_ref().unwrap();
+        assert!(sampler.allow(TraceLevel::INFO, "m", 5));
+        assert!(!sampler.allow(TraceLevel::INFO, "m", 5));
+        assert!(sampler.allow(TraceLevel::INFO, "m", 6));
+    }
+
+    #[test]
+    fn unopenable_output_file_falls_back_to_stderr() {
+        let cfg = logging(r#"{"outputPaths":["/nonexistent-dir/q.log"]}"#, "");
+        let vars = knative_defaults(8080);
+        let config = crate::config::Config::from_vars(&vars).unwrap();
+        let (layer, problems) = ZapLayer::new(&cfg, &config.revision);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(matches!(layer.sinks[..], [Sink::Stderr]));
     }
 
     #[test]

@@ -92,22 +92,14 @@ impl QProxy {
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("qproxy starts");
-        let stdout = child.stdout.take().expect("stdout is piped");
         let logs = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
-        let sink = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
-                let (lines, changed) = &*sink;
-                lines.lock().unwrap().push(value);
-                changed.notify_all();
-            }
-        });
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        collect_lines(stdout, "stdout", logs.clone());
+        collect_lines(stderr, "stderr", logs.clone());
         let metrics_served = env
             .iter()
             .any(|(k, v)| k == "SERVING_REQUEST_METRICS_BACKEND" && v == "prometheus");
@@ -126,6 +118,14 @@ impl QProxy {
             qp.metrics = Some(qp.listening("metrics"));
         }
         qp
+    }
+
+    /// The log lines written to `stream` (`stdout` or `stderr`) so far.
+    pub fn logs_on(&self, stream: &str) -> Vec<Value> {
+        self.logs()
+            .into_iter()
+            .filter(|l| l["_stream"] == stream)
+            .collect()
     }
 
     /// The loopback address of the named server, from its start-up log line.
@@ -224,6 +224,26 @@ pub fn signal(pid: u32, sig: &str) {
         .status()
         .expect("kill runs");
     assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// Reads JSON log lines from one of the child's streams, tagging each with
+/// `"_stream"`. Anything that is not a JSON object fails the test.
+fn collect_lines(
+    from: impl std::io::Read + Send + 'static,
+    stream: &'static str,
+    logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
+) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            let mut value: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("{stream} line is not JSON ({e}): {line}"));
+            value["_stream"] = stream.into();
+            let (lines, changed) = &*logs;
+            lines.lock().unwrap().push(value);
+            changed.notify_all();
+        }
+    });
 }
 
 fn unspecified() -> SocketAddr {
