@@ -81,6 +81,47 @@ async fn websocket_echo_through_the_tunnel() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn tunnel_half_close_lets_the_app_finish() {
+    // An app speaking a made-up upgraded protocol: it reads until the
+    // client stops sending, then answers and closes.
+    let port = raw_app(|mut s| async move {
+        read_request(&mut s).await;
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        s.write_all(&got.to_ascii_uppercase()).await.unwrap();
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        within("the 101", client.read_exact(&mut byte))
+            .await
+            .unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
+    client.write_all(b"hello there").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    within("the app's answer", client.read_to_end(&mut answer))
+        .await
+        .unwrap();
+    assert_eq!(answer, b"HELLO THERE");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn upgrade_to_another_protocol_than_asked_is_502() {
     let port = canned_app(
         b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
@@ -100,7 +141,7 @@ async fn upgrade_to_another_protocol_than_asked_is_502() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn h2c_upgrade_is_answered_over_http1_without_reaching_the_app() {
+async fn h2c_upgrade_is_declined_and_served_over_http1() {
     let app = App::hello().await;
     let qp = QProxy::start(app.port(), &[]);
     // What `curl --http2 http://...` sends.
@@ -219,12 +260,29 @@ async fn server_sent_events_are_not_held_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expect_100_continue() {
-    let app = App::start(|req: Request<hyper::body::Incoming>| async move {
-        let body = req.into_body().collect().await.unwrap().to_bytes();
-        Response::new(full(body))
+    // An app that never sends an interim response of its own: it reads the
+    // head, then the five-byte body, then answers with it.
+    let port = raw_app(|mut s| async move {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if s.read_exact(&mut byte).await.is_err() {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let mut body = [0u8; 5];
+        s.read_exact(&mut body).await.unwrap();
+        let expect = String::from_utf8_lossy(&head)
+            .to_ascii_lowercase()
+            .contains("expect: 100-continue");
+        let reply =
+            format!("HTTP/1.1 200 OK\r\nX-Saw-Expect: {expect}\r\nContent-Length: 5\r\n\r\n");
+        s.write_all(reply.as_bytes()).await.unwrap();
+        s.write_all(&body).await.unwrap();
     })
     .await;
-    let qp = QProxy::start(app.port(), &[]);
+    let qp = QProxy::start(port, &[]);
 
     let stream = TcpStream::connect(qp.main).await.unwrap();
     let (rx, mut tx) = stream.into_split();
@@ -234,7 +292,8 @@ async fn expect_100_continue() {
     )
     .await
     .unwrap();
-    // The body is sent only after the interim response, as a careful client does.
+    // The body is sent only after the interim response, as a careful client
+    // does: qproxy gives it once the upload toward the app begins.
     let mut status = String::new();
     within("100 Continue", rx.read_line(&mut status))
         .await
@@ -244,25 +303,85 @@ async fn expect_100_continue() {
     rx.read_line(&mut blank).await.unwrap();
     assert_eq!(blank, "\r\n");
     tx.write_all(b"hello").await.unwrap();
-    let mut head = String::new();
-    within("final status", rx.read_line(&mut head))
-        .await
-        .unwrap();
-    assert_eq!(head, "HTTP/1.1 200 OK\r\n");
-    let mut rest = Vec::new();
+    let mut head = Vec::new();
     loop {
         let mut line = String::new();
-        rx.read_line(&mut line).await.unwrap();
+        within("the final response", rx.read_line(&mut line))
+            .await
+            .unwrap();
         if line == "\r\n" {
             break;
         }
+        head.push(line);
     }
-    rest.resize(5, 0);
-    within("echoed body", rx.read_exact(&mut rest))
+    assert_eq!(head[0], "HTTP/1.1 200 OK\r\n");
+    assert!(
+        head.contains(&"X-Saw-Expect: true\r\n".to_owned()),
+        "{head:?}"
+    );
+    let mut body = [0u8; 5];
+    within("echoed body", rx.read_exact(&mut body))
         .await
         .unwrap();
-    assert_eq!(rest, b"hello");
-    assert_eq!(app.only().headers["expect"], "100-continue");
+    assert_eq!(&body, b"hello");
+}
+
+/// A body of one data chunk and then trailers.
+struct WithTrailers(Option<Frame<Bytes>>, Option<http::HeaderMap>);
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.0.take() {
+            return Poll::Ready(Some(Ok(data)));
+        }
+        Poll::Ready(self.1.take().map(|t| Ok(Frame::trailers(t))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trailers_pass() {
+    let app = App::start(|_| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", "abc123".parse().unwrap());
+        Response::builder()
+            .header("trailer", "x-checksum")
+            .body(
+                WithTrailers(
+                    Some(Frame::data(Bytes::from_static(b"payload"))),
+                    Some(trailers),
+                )
+                .boxed(),
+            )
+            .unwrap()
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    // HTTP/2 (gRPC's case), and HTTP/1.1 to a client that offers trailers.
+    for (version, req) in [
+        (Version::HTTP_2, get("http://hello.example.com/", &[])),
+        (Version::HTTP_11, get("/", &[("te", "trailers")])),
+    ] {
+        let res = if version == Version::HTTP_2 {
+            h2(qp.main, req).await
+        } else {
+            h1(qp.main, req).await
+        };
+        let collected = within("the body", res.into_body().collect()).await.unwrap();
+        let trailers = collected.trailers().cloned();
+        assert_eq!(collected.to_bytes(), "payload", "{version:?}");
+        assert_eq!(
+            trailers.as_ref().and_then(|t| t.get("x-checksum")).unwrap(),
+            "abc123",
+            "{version:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -300,7 +419,8 @@ async fn grpc_with_trailers_over_h2c() {
     .unwrap();
     assert_eq!(res.into_inner().status(), ServingStatus::Serving);
 
-    // grpc-status travels in trailers: an error status proves they pass.
+    // An error status too (tonic sends it as a trailers-only response);
+    // trailers proper are checked in `trailers_pass`.
     let err = within(
         "gRPC Check of an unknown service",
         client.check(HealthCheckRequest {

@@ -1,10 +1,11 @@
-//! What Go's `net/http` server does before any handler runs, and so what
-//! every client of Knative's queue-proxy has always seen:
+//! What Go's `net/http` server does to HTTP/1 requests before any handler
+//! runs, and so what every client of Knative's queue-proxy has always seen
+//! (HTTP/2 requests go through Go's h2 server, which does none of this):
 //!
 //! - an HTTP/1.1 request without `Host` (CONNECT aside) is `400` with the
 //!   reason `Bad Request: missing required Host header`, and the
 //!   connection is closed;
-//! - a `Host` holding a byte Go does not accept in a host is `400`
+//! - a single `Host` holding a byte Go does not accept in a host is `400`
 //!   `Bad Request: malformed Host header`;
 //! - `OPTIONS *` is answered by the server itself, `200` with an empty
 //!   body, and never reaches the app.
@@ -92,20 +93,22 @@ where
 
 /// The answer Go's server gives `req` by itself, if any.
 pub fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
+    if req.version() >= Version::HTTP_2 {
+        return None;
+    }
     if req.method() == Method::OPTIONS && req.uri() == "*" {
         return Some(Response::new(Body::empty()));
     }
-    if req.version() == Version::HTTP_11 && req.method() != Method::CONNECT {
-        let mut hosts = req.headers().get_all(HOST).iter();
-        match (hosts.next(), hosts.next()) {
-            (None, _) => return Some(bad_request("missing required Host header")),
-            (Some(host), None) if !host.as_bytes().iter().all(|b| valid_host_byte(*b)) => {
-                return Some(bad_request("malformed Host header"));
-            }
-            _ => {}
+    let mut hosts = req.headers().get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) if req.version() == Version::HTTP_11 && req.method() != Method::CONNECT => {
+            Some(bad_request("missing required Host header"))
         }
+        (Some(host), None) if !host.as_bytes().iter().all(|b| valid_host_byte(*b)) => {
+            Some(bad_request("malformed Host header"))
+        }
+        _ => None,
     }
-    None
 }
 
 /// Go's `httpguts.ValidHostHeader` alphabet: letters, digits and the
@@ -177,9 +180,17 @@ mod tests {
     }
 
     #[test]
-    fn older_versions_connect_and_h2_are_exempt() {
+    fn http10_and_connect_need_no_host_but_a_valid_one() {
         assert!(answer(&req(Method::GET, "/", Version::HTTP_10, &[])).is_none());
         assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &[])).is_none());
+        assert!(answer(&req(Method::GET, "/", Version::HTTP_10, &["a b"])).is_some());
+        assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &["a b"])).is_some());
+    }
+
+    #[test]
+    fn http2_is_left_to_the_handlers() {
         assert!(answer(&req(Method::GET, "http://h/", Version::HTTP_2, &[])).is_none());
+        assert!(answer(&req(Method::GET, "http://h/", Version::HTTP_2, &["a b"])).is_none());
+        assert!(answer(&req(Method::OPTIONS, "*", Version::HTTP_2, &[])).is_none());
     }
 }

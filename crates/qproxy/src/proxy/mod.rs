@@ -117,11 +117,9 @@ impl Proxy {
             return Ok(res.map(|_| Body::empty()));
         }
 
-        if !h2 {
-            hop::prepare_response(res.headers_mut());
-            // Go's server writes the standard reason phrase, whatever the app's.
-            res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
-        }
+        hop::prepare_response(res.headers_mut());
+        // Go's server writes the standard reason phrase, whatever the app's.
+        res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
         Ok(res.map(Body::Upstream))
     }
 

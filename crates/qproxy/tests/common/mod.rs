@@ -40,6 +40,8 @@ pub struct QProxy {
     logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
     /// Main port, on IPv4 loopback.
     pub main: SocketAddr,
+    /// Whether the ports are bound dual-stack (`[::]`), not IPv4 only.
+    pub dual_stack: bool,
     /// Admin port.
     pub admin: SocketAddr,
     /// Autoscaler stats port.
@@ -107,11 +109,13 @@ impl QProxy {
             child,
             logs,
             main: unspecified(),
+            dual_stack: false,
             admin: unspecified(),
             stats: unspecified(),
             metrics: None,
         };
         qp.main = qp.listening("main");
+        qp.dual_stack = qp.bound("main").is_ipv6();
         qp.admin = qp.listening("admin");
         qp.stats = qp.listening("stats");
         if metrics_served {
@@ -130,14 +134,18 @@ impl QProxy {
 
     /// The loopback address of the named server, from its start-up log line.
     fn listening(&self, server: &str) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.bound(server).port()))
+    }
+
+    /// The address the named server reported binding.
+    fn bound(&self, server: &str) -> SocketAddr {
         let line = self.wait_for_log(&format!("{server} server start"), |l| {
             l["message"] == "Starting http server" && l["server"] == server
         });
-        let addr: SocketAddr = line["address"]
+        line["address"]
             .as_str()
             .and_then(|a| a.parse().ok())
-            .expect("address field");
-        SocketAddr::from((Ipv4Addr::LOCALHOST, addr.port()))
+            .expect("address field")
     }
 
     /// Waits for a log line matching `pred`.
