@@ -1,4 +1,4 @@
-//! The response body qproxy hands to hyper.
+//! The bodies qproxy hands to hyper: toward the client and toward the app.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -63,6 +63,56 @@ impl http_body::Body for Body {
         match self {
             Body::Upstream(b) => b.size_hint(),
             Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}
+
+/// A request body on its way to the user container.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// Streamed from the client.
+    Client(Incoming),
+    /// No body. A request without one can be sent again.
+    Empty,
+}
+
+impl RequestBody {
+    /// The client's body, or [`RequestBody::Empty`] when it has none, so
+    /// that the request stays replayable.
+    pub fn from_client(body: Incoming) -> Self {
+        if http_body::Body::is_end_stream(&body) {
+            RequestBody::Empty
+        } else {
+            RequestBody::Client(body)
+        }
+    }
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RequestBody::Client(b) => Pin::new(b).poll_frame(cx),
+            RequestBody::Empty => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Client(b) => b.is_end_stream(),
+            RequestBody::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Client(b) => b.size_hint(),
+            RequestBody::Empty => SizeHint::with_exact(0),
         }
     }
 }

@@ -74,6 +74,73 @@ async fn app_closing_without_answer_is_502_eof() {
     assert_eq!(text(res).await, "EOF\n");
 }
 
+/// An app that drops the connection instead of answering the requests
+/// `drop` picks, answers the others, and counts both.
+async fn dropping_app(
+    drop: impl Fn(&str, usize) -> bool + Send + Sync + 'static,
+) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::sync::{Arc, Mutex};
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let drop = Arc::new(drop);
+    let port = raw_app(move |mut s| {
+        let log = log.clone();
+        let drop = drop.clone();
+        async move {
+            loop {
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut byte = [0u8; 1];
+                    if s.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                let n = {
+                    let mut seen = log.lock().unwrap();
+                    seen.push(line.clone());
+                    seen.len()
+                };
+                if drop(&line, n) {
+                    return;
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            }
+        }
+    })
+    .await;
+    (port, seen)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_idempotent_request_is_sent_again() {
+    // The very first request the app sees is dropped without an answer.
+    let (port, seen) = dropping_app(|_, n| n == 1).await;
+    let qp = QProxy::start(port, &[]);
+    let res = h1(qp.main, get("/again", &[])).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, "ok");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["GET /again HTTP/1.1", "GET /again HTTP/1.1"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_request_with_a_body_is_not_sent_again() {
+    let (port, seen) = dropping_app(|line, _| line.starts_with("POST")).await;
+    let qp = QProxy::start(port, &[]);
+    let req = http::Request::post("/once").body(full("payload")).unwrap();
+    let res = h1(qp.main, req).await;
+    // Closed with the body unread, the app's socket resets: a 502 either way.
+    assert_eq!(res.status(), 502);
+    assert_eq!(*seen.lock().unwrap(), ["POST /once HTTP/1.1"]);
+}
+
 async fn qp_alive(qp: &QProxy) -> bool {
     TcpStream::connect(qp.main).await.is_ok()
 }

@@ -57,6 +57,19 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// Whether the app dropped the connection before answering (closed or
+    /// reset it), so that a replayable request may be sent again.
+    pub fn is_dropped_connection(&self) -> bool {
+        match self {
+            UpstreamError::Closed => true,
+            UpstreamError::Io { source, .. } => matches!(
+                source.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ),
+            _ => false,
+        }
+    }
+
     /// Whether the failure is the client's doing, not worth an error log.
     pub fn is_client_gone(&self) -> bool {
         matches!(self, UpstreamError::ClientGone)

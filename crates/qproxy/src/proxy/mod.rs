@@ -29,7 +29,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use tower::Service;
 
-use crate::body::Body;
+use crate::body::{Body, RequestBody};
 use crate::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
 pub use error::UpstreamError;
 pub use upstream::Upstream;
@@ -125,7 +125,7 @@ impl Proxy {
 
     /// An HTTP/1.1 request to `http://127.0.0.1:USER_PORT` keeping the
     /// client's host in `Host`.
-    fn http1_request(&self, req: Request<Incoming>) -> Result<Request<Incoming>, UpstreamError> {
+    fn http1_request(&self, req: Request<Incoming>) -> Result<Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let mut uri = std::mem::take(&mut parts.uri).into_parts();
         // The host of an absolute-form request line wins over `Host`, as in Go.
@@ -141,11 +141,11 @@ impl Proxy {
         }
         parts.uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Other(e.to_string()))?;
         parts.version = Version::HTTP_11;
-        Ok(Request::from_parts(parts, body))
+        Ok(Request::from_parts(parts, RequestBody::from_client(body)))
     }
 
     /// An HTTP/2 request whose `:authority` is the client's host.
-    fn h2_request(&self, req: Request<Incoming>) -> Result<Request<Incoming>, UpstreamError> {
+    fn h2_request(&self, req: Request<Incoming>) -> Result<Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let mut uri = std::mem::take(&mut parts.uri).into_parts();
         let host = parts.headers.remove(HOST);
@@ -162,7 +162,7 @@ impl Proxy {
             uri.path_and_query = Some(PathAndQuery::from_static("/"));
         }
         parts.uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Other(e.to_string()))?;
-        Ok(Request::from_parts(parts, body))
+        Ok(Request::from_parts(parts, RequestBody::from_client(body)))
     }
 }
 

@@ -2,7 +2,11 @@
 //!
 //! HTTP/1 requests go out as HTTP/1.1 over a keep-alive pool that keeps at
 //! most `CONTAINER_CONCURRENCY` idle connections (1000 when unlimited), as
-//! Knative's transport does. HTTP/2 requests go out as h2c (prior knowledge)
+//! Knative's transport does. A request without a body whose method is
+//! idempotent (or that carries an idempotency key) is sent once more on a
+//! new connection when the app drops a pooled one under it before
+//! answering, as Go's transport retries it. HTTP/2 requests go out as h2c
+//! (prior knowledge)
 //! over one shared, multiplexed connection, made on first use and remade
 //! when it closes.
 
@@ -11,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::Authority;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::client::legacy::Client;
@@ -20,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
+use crate::body::RequestBody;
 
 /// How long an idle pooled connection is kept (Go's transport default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -31,7 +36,7 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 pub struct Upstream {
     addr: SocketAddr,
     authority: Authority,
-    http1: Client<HttpConnector, Incoming>,
+    http1: Client<HttpConnector, RequestBody>,
     h2c: H2c,
 }
 
@@ -79,22 +84,54 @@ impl Upstream {
     /// (`http://127.0.0.1:PORT/...`).
     pub async fn send_http1(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        self.http1
-            .request(req)
-            .await
-            .map_err(|e| UpstreamError::from_http1(e, self.addr))
+        let again = replayable(&req).then(|| copy_bodyless(&req));
+        let err = match self.http1.request(req).await {
+            Ok(res) => return Ok(res),
+            Err(e) => UpstreamError::from_http1(e, self.addr),
+        };
+        match again {
+            Some(req) if err.is_dropped_connection() => {
+                tracing::debug!(error = %err, "the app dropped the connection; sending again");
+                self.http1
+                    .request(req)
+                    .await
+                    .map_err(|e| UpstreamError::from_http1(e, self.addr))
+            }
+            _ => Err(err),
+        }
     }
 
     /// Sends an HTTP/2 request over h2c; its URI carries the `:authority`
     /// the app should see.
     pub async fn send_h2c(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         self.h2c.send(req).await
     }
+}
+
+/// Whether a request may be sent twice, by Go's rule (`isReplayable`): no
+/// body, and an idempotent method or an idempotency key.
+fn replayable(req: &Request<RequestBody>) -> bool {
+    matches!(req.body(), RequestBody::Empty)
+        && (matches!(
+            *req.method(),
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        ) || req.headers().contains_key("idempotency-key")
+            || req.headers().contains_key("x-idempotency-key"))
+}
+
+/// A copy of a request that has no body.
+fn copy_bodyless(req: &Request<RequestBody>) -> Request<RequestBody> {
+    let mut copy = Request::new(RequestBody::Empty);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
 }
 
 /// The shared h2c connection.
@@ -108,12 +145,12 @@ struct H2c {
 
 #[derive(Debug, Clone)]
 struct Live {
-    sender: http2::SendRequest<Incoming>,
+    sender: http2::SendRequest<RequestBody>,
     local: SocketAddr,
 }
 
 impl H2c {
-    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+    async fn send(&self, req: Request<RequestBody>) -> Result<Response<Incoming>, UpstreamError> {
         let mut live = self.live().await?;
         live.sender
             .ready()
