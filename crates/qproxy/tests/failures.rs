@@ -87,16 +87,7 @@ async fn dropping_app(
         let log = log.clone();
         let drop = drop.clone();
         async move {
-            loop {
-                let mut head = Vec::new();
-                while !head.ends_with(b"\r\n\r\n") {
-                    let mut byte = [0u8; 1];
-                    if s.read_exact(&mut byte).await.is_err() {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                let head = String::from_utf8_lossy(&head).into_owned();
+            while let Some(head) = read_head(&mut s).await {
                 let line = head.lines().next().unwrap_or_default().to_owned();
                 let n = {
                     let mut seen = log.lock().unwrap();

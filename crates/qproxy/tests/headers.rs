@@ -253,22 +253,16 @@ async fn options_star_is_answered_without_the_app() {
 async fn http1_header_names_are_canonical_both_ways() {
     // An app that shows the request head it received, byte for byte.
     let port = raw_app(|mut s| async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut head = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            if n == 0 {
-                return;
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
+        use tokio::io::AsyncWriteExt;
+        let Some(head) = read_head(&mut s).await else {
+            return;
+        };
         let reply = format!(
             "HTTP/1.1 200 OK\r\nx-app-header: 1\r\ncontent-length: {}\r\n\r\n",
             head.len()
         );
         let _ = s.write_all(reply.as_bytes()).await;
-        let _ = s.write_all(&head).await;
+        let _ = s.write_all(head.as_bytes()).await;
     })
     .await;
     let qp = QProxy::start(port, &[]);

@@ -6,8 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use common::*;
-use http::Response;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 #[test]
 fn version_and_usage() {
@@ -75,18 +74,8 @@ async fn demo_serves_hello_and_stops_on_ctrl_c() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_finishes_requests_in_flight_then_exits_0() {
-    // The app holds one request until the test lets it go.
-    let (arrived_tx, mut arrived_rx) = mpsc::channel::<oneshot::Sender<()>>(1);
-    let app = App::start(move |_| {
-        let arrived = arrived_tx.clone();
-        async move {
-            let (release_tx, release_rx) = oneshot::channel();
-            arrived.send(release_tx).await.unwrap();
-            let _ = release_rx.await;
-            Response::new(full("finished\n"))
-        }
-    })
-    .await;
+    // The app holds the request until the test lets it go.
+    let (app, mut arrived_rx) = App::holding("finished\n").await;
     let mut qp = QProxy::start(app.port(), &[]);
 
     let addr = qp.main;

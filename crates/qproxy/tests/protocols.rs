@@ -263,19 +263,12 @@ async fn expect_100_continue() {
     // An app that never sends an interim response of its own: it reads the
     // head, then the five-byte body, then answers with it.
     let port = raw_app(|mut s| async move {
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            if s.read_exact(&mut byte).await.is_err() {
-                return;
-            }
-            head.push(byte[0]);
-        }
+        let Some(head) = read_head(&mut s).await else {
+            return;
+        };
         let mut body = [0u8; 5];
         s.read_exact(&mut body).await.unwrap();
-        let expect = String::from_utf8_lossy(&head)
-            .to_ascii_lowercase()
-            .contains("expect: 100-continue");
+        let expect = head.to_ascii_lowercase().contains("expect: 100-continue");
         let reply =
             format!("HTTP/1.1 200 OK\r\nX-Saw-Expect: {expect}\r\nContent-Length: 5\r\n\r\n");
         s.write_all(reply.as_bytes()).await.unwrap();
@@ -562,17 +555,7 @@ async fn http1_upstream_connections_are_kept_alive() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_pool_keeps_container_concurrency_connections() {
     // The app holds requests until told, so that five connections open.
-    let (arrived_tx, mut arrived_rx) = mpsc::channel::<oneshot::Sender<()>>(5);
-    let app = App::start(move |_| {
-        let arrived = arrived_tx.clone();
-        async move {
-            let (release_tx, release_rx) = oneshot::channel();
-            arrived.send(release_tx).await.unwrap();
-            let _ = release_rx.await;
-            Response::new(full("done"))
-        }
-    })
-    .await;
+    let (app, mut arrived_rx) = App::holding("done").await;
     let qp = QProxy::start(app.port(), &[("CONTAINER_CONCURRENCY", "2")]);
 
     let requests: Vec<_> = (0..5)

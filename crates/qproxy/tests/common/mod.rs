@@ -371,6 +371,29 @@ impl App {
         .await
     }
 
+    /// An app that holds every request until the test releases it: each
+    /// arrival sends the test a sender to release it with, and the app
+    /// then answers `body`.
+    pub async fn holding(
+        body: &'static str,
+    ) -> (
+        Self,
+        tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
+    ) {
+        let (arrived_tx, arrived_rx) = tokio::sync::mpsc::channel(64);
+        let app = App::start(move |_| {
+            let arrived = arrived_tx.clone();
+            async move {
+                let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+                arrived.send(release_tx).await.unwrap();
+                let _ = release_rx.await;
+                Response::new(full(body))
+            }
+        })
+        .await;
+        (app, arrived_rx)
+    }
+
     /// An app answering `Hello World!` to everything.
     pub async fn hello() -> Self {
         App::start(|_| async { Response::new(full("Hello World!\n")) }).await
@@ -411,10 +434,21 @@ where
     port
 }
 
-/// Reads the start of what the client sent (a whole small request head).
+/// Reads one message head (through the blank line), byte by byte so that
+/// nothing after it is consumed. `None` if the peer closes first.
+pub async fn read_head(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<String> {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.ok()?;
+        head.push(byte[0]);
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Reads a request head and ignores it.
 pub async fn read_request(stream: &mut TcpStream) {
-    let mut buf = vec![0; 4096];
-    let _ = stream.read(&mut buf).await;
+    let _ = read_head(stream).await;
 }
 
 /// An app answering every request with `response`, written as given.
