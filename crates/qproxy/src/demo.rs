@@ -56,9 +56,10 @@ pub async fn run() -> Result<(), Error> {
     }
     let config = Config::from_vars(&vars)?;
     crate::observe::log::init(&config.logging, &config.revision, &config.warnings);
+    let shutdown = shutdown_signal()?;
     let server = Server::bind(config)?;
     println!("{}", banner(app_addr, &server));
-    server.run(shutdown_signal()).await
+    server.run(shutdown).await
 }
 
 fn port_free(port: u16) -> bool {

@@ -178,31 +178,30 @@ impl Server {
 
 /// Serves `config` until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), Error> {
-    Server::bind(config)?.run(shutdown_signal()).await
+    // Signals are watched before any port is served, so that a stop
+    // request is never met by the default action (an abrupt exit).
+    let shutdown = shutdown_signal()?;
+    Server::bind(config)?.run(shutdown).await
 }
 
-/// Completes on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
-pub async fn shutdown_signal() {
+/// Starts watching for SIGTERM (Kubernetes stopping the pod) and SIGINT
+/// (Ctrl-C) at once; the returned future completes on the first of them.
+/// Must be called within a Tokio runtime.
+pub fn shutdown_signal() -> Result<impl Future<Output = ()>, Error> {
     use tokio::signal::unix::{SignalKind, signal};
 
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
+    let watch = |kind| {
+        signal(kind).map_err(|source| Error::Io {
+            context: "cannot watch signals",
+            source,
+        })
     };
-    tokio::select! {
-        () = term => {}
-        r = tokio::signal::ctrl_c() => {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "cannot watch SIGINT");
-                std::future::pending::<()>().await;
-            }
+    let mut term = watch(SignalKind::terminate())?;
+    let mut int = watch(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-    }
+    })
 }

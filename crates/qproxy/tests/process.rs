@@ -137,3 +137,15 @@ async fn settings_not_honoured_are_logged_as_warnings() {
     assert!(warnings[0].starts_with("SERVING_REQUEST_METRICS_BACKEND=\"stackdriver\""));
     assert!(warnings[1].starts_with("QUEUE_PROXY_TLS_MIN_VERSION=\"1.0\" is invalid"));
 }
+
+#[test]
+fn sigterm_right_after_start_is_a_clean_stop() {
+    // The stop handler is in place before the first log line: a SIGTERM
+    // from then on is a graceful stop, never the default kill.
+    for _ in 0..20 {
+        let mut qp = QProxy::spawn_env(&knative_env(closed_port()));
+        qp.wait_for_log("the first line", |l| l["message"] == "Starting queue-proxy");
+        qp.signal("TERM");
+        assert_eq!(qp.wait_exit().code(), Some(0));
+    }
+}

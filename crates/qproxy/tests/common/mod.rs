@@ -88,8 +88,24 @@ impl QProxy {
         Self::start_env(&env)
     }
 
-    /// Starts qproxy with exactly `env`.
+    /// Starts qproxy with exactly `env` and waits until its ports are bound.
     pub fn start_env(env: &[(String, String)]) -> Self {
+        let mut qp = Self::spawn_env(env);
+        let metrics_served = env
+            .iter()
+            .any(|(k, v)| k == "SERVING_REQUEST_METRICS_BACKEND" && v == "prometheus");
+        qp.main = qp.listening("main");
+        qp.dual_stack = qp.bound("main").is_ipv6();
+        qp.admin = qp.listening("admin");
+        qp.stats = qp.listening("stats");
+        if metrics_served {
+            qp.metrics = Some(qp.listening("metrics"));
+        }
+        qp
+    }
+
+    /// Starts qproxy with exactly `env`, without waiting for anything.
+    pub fn spawn_env(env: &[(String, String)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_qproxy"))
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -102,10 +118,7 @@ impl QProxy {
         let stderr = child.stderr.take().expect("stderr is piped");
         collect_lines(stdout, "stdout", logs.clone());
         collect_lines(stderr, "stderr", logs.clone());
-        let metrics_served = env
-            .iter()
-            .any(|(k, v)| k == "SERVING_REQUEST_METRICS_BACKEND" && v == "prometheus");
-        let mut qp = QProxy {
+        QProxy {
             child,
             logs,
             main: unspecified(),
@@ -113,15 +126,7 @@ impl QProxy {
             admin: unspecified(),
             stats: unspecified(),
             metrics: None,
-        };
-        qp.main = qp.listening("main");
-        qp.dual_stack = qp.bound("main").is_ipv6();
-        qp.admin = qp.listening("admin");
-        qp.stats = qp.listening("stats");
-        if metrics_served {
-            qp.metrics = Some(qp.listening("metrics"));
         }
-        qp
     }
 
     /// The log lines written to `stream` (`stdout` or `stderr`) so far.
