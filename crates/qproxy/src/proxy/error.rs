@@ -77,12 +77,6 @@ impl UpstreamError {
 
     /// Classifies an error of the HTTP/1 client.
     pub(crate) fn from_http1(err: hyper_util::client::legacy::Error, remote: SocketAddr) -> Self {
-        let local = err.connect_info().and_then(|c| {
-            let mut ext = http::Extensions::new();
-            c.get_extras(&mut ext);
-            ext.get::<hyper_util::client::legacy::connect::HttpInfo>()
-                .map(|i| i.local_addr())
-        });
         if err.is_connect() {
             return match find::<io::Error>(&err) {
                 Some(source) => UpstreamError::Connect {
@@ -92,6 +86,12 @@ impl UpstreamError {
                 None => UpstreamError::Other(err.to_string()),
             };
         }
+        let local = err.connect_info().and_then(|c| {
+            let mut ext = http::Extensions::new();
+            c.get_extras(&mut ext);
+            ext.get::<hyper_util::client::legacy::connect::HttpInfo>()
+                .map(|i| i.local_addr())
+        });
         match find::<hyper::Error>(&err) {
             Some(h) => Self::from_hyper(h, local, remote),
             None => UpstreamError::Other(err.to_string()),

@@ -134,12 +134,8 @@ impl Proxy {
                 .map_err(|_| UpstreamError::InvalidHost)?;
             parts.headers.insert(HOST, host);
         }
-        uri.scheme = Some(Scheme::HTTP);
         uri.authority = Some(self.upstream.authority().clone());
-        if uri.path_and_query.is_none() {
-            uri.path_and_query = Some(PathAndQuery::from_static("/"));
-        }
-        parts.uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Other(e.to_string()))?;
+        parts.uri = http_uri(uri)?;
         parts.version = Version::HTTP_11;
         Ok(Request::from_parts(parts, RequestBody::from_client(body)))
     }
@@ -157,13 +153,19 @@ impl Proxy {
                 None => self.upstream.authority().clone(),
             });
         }
-        uri.scheme = Some(Scheme::HTTP);
-        if uri.path_and_query.is_none() {
-            uri.path_and_query = Some(PathAndQuery::from_static("/"));
-        }
-        parts.uri = Uri::from_parts(uri).map_err(|e| UpstreamError::Other(e.to_string()))?;
+        parts.uri = http_uri(uri)?;
         Ok(Request::from_parts(parts, RequestBody::from_client(body)))
     }
+}
+
+/// An `http://` URI from `parts` (whose authority is set), with `/` as
+/// the path when there is none.
+fn http_uri(mut parts: http::uri::Parts) -> Result<Uri, UpstreamError> {
+    parts.scheme = Some(Scheme::HTTP);
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+    }
+    Uri::from_parts(parts).map_err(|e| UpstreamError::Other(e.to_string()))
 }
 
 /// Appends the client to `X-Forwarded-For`, folding earlier values into one
