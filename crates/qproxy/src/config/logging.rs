@@ -98,8 +98,6 @@ pub struct Logging {
     /// Set when `SERVING_LOGGING_CONFIG` did not parse and the defaults were
     /// used instead: the reason, to be logged once logging is up.
     pub fallback_reason: Option<String>,
-    /// Settings of the zap config qproxy does not honour, to be logged.
-    pub warnings: Vec<String>,
 }
 
 /// A destination of log lines.
@@ -142,7 +140,6 @@ impl Default for Logging {
                 thereafter: 100,
             }),
             fallback_reason: None,
-            warnings: Vec::new(),
         }
     }
 }
@@ -185,7 +182,9 @@ const LOGGING_CONFIG: &str = "SERVING_LOGGING_CONFIG";
 const LOGGING_LEVEL: &str = "SERVING_LOGGING_LEVEL";
 
 impl Logging {
-    pub(crate) fn from_vars(vars: &Vars) -> Result<Self, ConfigError> {
+    /// Reads the two logging variables; settings of the zap config that
+    /// qproxy does not honour are added to `warnings`.
+    pub(crate) fn from_vars(vars: &Vars, warnings: &mut Vec<String>) -> Result<Self, ConfigError> {
         let json = vars.required(LOGGING_CONFIG)?;
         let level_override = vars.required(LOGGING_LEVEL)?;
         let override_level = match level_override {
@@ -198,8 +197,12 @@ impl Logging {
                 )
             })?),
         };
-        let mut logging = match Self::from_zap_json(json) {
-            Ok(l) => l,
+        let mut notes = Vec::new();
+        let mut logging = match Self::from_zap_json(json, &mut notes) {
+            Ok(l) => {
+                warnings.append(&mut notes);
+                l
+            }
             Err(reason) => Logging {
                 fallback_reason: Some(format!("{LOGGING_CONFIG}: {reason}")),
                 ..Logging::default()
@@ -212,7 +215,7 @@ impl Logging {
     }
 
     /// Lays a zap JSON config over the defaults.
-    fn from_zap_json(json: &str) -> Result<Self, String> {
+    fn from_zap_json(json: &str, warnings: &mut Vec<String>) -> Result<Self, String> {
         let mut out = Logging::default();
         if json.is_empty() {
             return Ok(out);
@@ -239,7 +242,7 @@ impl Logging {
         }
         match zap.encoding.as_deref() {
             None | Some("json") => {}
-            Some("console") => out.warnings.push(format!(
+            Some("console") => warnings.push(format!(
                 "{LOGGING_CONFIG}: console encoding is not supported; logging JSON"
             )),
             Some(other) => return Err(format!("no encoder registered for name {other:?}")),
@@ -311,10 +314,13 @@ mod tests {
       }"#;
 
     fn logging(config: &str, level: &str) -> Result<Logging, ConfigError> {
-        Logging::from_vars(&Vars::from_pairs([
-            (LOGGING_CONFIG, config),
-            (LOGGING_LEVEL, level),
-        ]))
+        logging_warned(config, level).map(|(l, _)| l)
+    }
+
+    fn logging_warned(config: &str, level: &str) -> Result<(Logging, Vec<String>), ConfigError> {
+        let mut warnings = Vec::new();
+        let vars = Vars::from_pairs([(LOGGING_CONFIG, config), (LOGGING_LEVEL, level)]);
+        Logging::from_vars(&vars, &mut warnings).map(|l| (l, warnings))
     }
 
     #[test]
@@ -372,8 +378,8 @@ mod tests {
                 thereafter: 10
             })
         );
-        let l = logging(r#"{"encoding":"console"}"#, "").unwrap();
-        assert_eq!(l.warnings.len(), 1);
+        let (l, warnings) = logging_warned(r#"{"encoding":"console"}"#, "").unwrap();
+        assert_eq!(warnings.len(), 1);
         assert_eq!(l.fallback_reason, None);
         let l = logging(r#"{"encoding":"yaml"}"#, "").unwrap();
         assert!(l.fallback_reason.is_some());
@@ -395,12 +401,14 @@ mod tests {
 
     #[test]
     fn both_variables_are_required() {
-        let err = Logging::from_vars(&Vars::from_pairs([(LOGGING_LEVEL, "")])).unwrap_err();
+        let err = Logging::from_vars(&Vars::from_pairs([(LOGGING_LEVEL, "")]), &mut Vec::new())
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "SERVING_LOGGING_CONFIG is required but not set"
         );
-        let err = Logging::from_vars(&Vars::from_pairs([(LOGGING_CONFIG, "")])).unwrap_err();
+        let err = Logging::from_vars(&Vars::from_pairs([(LOGGING_CONFIG, "")]), &mut Vec::new())
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "SERVING_LOGGING_LEVEL is required but not set"

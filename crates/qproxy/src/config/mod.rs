@@ -265,8 +265,8 @@ impl Config {
             Some(json) => probe::decode(json, features.multi_container_probes)
                 .map_err(|e| ConfigError::invalid(PROBE, json, e.to_string()))?,
         };
-        let logging = Logging::from_vars(vars)?;
-        let mut warnings = logging.warnings.clone();
+        let mut warnings = Vec::new();
+        let logging = Logging::from_vars(vars, &mut warnings)?;
         let observability = observability::from_vars(vars, &mut warnings)?;
         let tls = Tls::from_vars(vars);
         if let Err(e) = &tls {

@@ -509,11 +509,11 @@ mod tests {
     }
 
     fn logging(config: &str, level: &str) -> Logging {
-        Logging::from_vars(&Vars::from_pairs([
+        let vars = Vars::from_pairs([
             ("SERVING_LOGGING_CONFIG", config),
             ("SERVING_LOGGING_LEVEL", level),
-        ]))
-        .unwrap()
+        ]);
+        Logging::from_vars(&vars, &mut Vec::new()).unwrap()
     }
 
     #[test]
