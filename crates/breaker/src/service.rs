@@ -1,0 +1,215 @@
+//! A tower layer putting a [`Breaker`] in front of an HTTP service.
+//!
+//! Each request is admitted or refused when the service is called; an
+//! admitted one reaches the inner service once it has a slot, and keeps the
+//! slot until its response body has ended (or is dropped), so the slot
+//! covers the whole exchange, streamed bodies included. A refused request
+//! gets the response the layer's `reject` function makes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::{Acquire, Breaker, Permit, QueueFull};
+
+/// Builds [`BreakerService`]s.
+#[derive(Debug, Clone)]
+pub struct BreakerLayer<R> {
+    breaker: Option<Breaker>,
+    reject: R,
+    exempt: fn(&HeaderMap) -> bool,
+}
+
+impl<R> BreakerLayer<R> {
+    /// Limits requests with `breaker` (no limit when `None`) and answers
+    /// the refused ones with `reject`.
+    pub fn new(breaker: Option<Breaker>, reject: R) -> Self {
+        BreakerLayer {
+            breaker,
+            reject,
+            exempt: |_| false,
+        }
+    }
+
+    /// Lets the requests whose headers satisfy `exempt` through without a
+    /// slot (a sidecar's own health checks, for instance).
+    pub fn exempt(mut self, exempt: fn(&HeaderMap) -> bool) -> Self {
+        self.exempt = exempt;
+        self
+    }
+}
+
+impl<S, R: Clone> Layer<S> for BreakerLayer<R> {
+    type Service = BreakerService<S, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BreakerService {
+            inner,
+            breaker: self.breaker.clone(),
+            reject: self.reject.clone(),
+            exempt: self.exempt,
+        }
+    }
+}
+
+/// Runs each request through a [`Breaker`]; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct BreakerService<S, R> {
+    inner: S,
+    breaker: Option<Breaker>,
+    reject: R,
+    exempt: fn(&HeaderMap) -> bool,
+}
+
+impl<S, R, ReqBody, ResBody> Service<Request<ReqBody>> for BreakerService<S, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    R: Fn(QueueFull) -> Response<ResBody>,
+{
+    type Response = Response<PermitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<ReqBody>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let breaker = match &self.breaker {
+            Some(breaker) if !(self.exempt)(req.headers()) => breaker,
+            _ => return ResponseFuture::called(self.inner.call(req), None),
+        };
+        let mut acquire = match breaker.acquire() {
+            Ok(acquire) => acquire,
+            Err(full) => {
+                tracing::debug!(
+                    in_flight = breaker.in_flight(),
+                    "pending request queue full"
+                );
+                return ResponseFuture::Rejected {
+                    res: Some((self.reject)(full)),
+                };
+            }
+        };
+        if let Some(permit) = acquire.now() {
+            return ResponseFuture::called(self.inner.call(req), Some(permit));
+        }
+        tracing::debug!(waiting = breaker.waiting(), "request queued for a slot");
+        // The inner service was readied for this call: take it along, and
+        // leave a fresh clone for the next one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::Waiting {
+            acquire,
+            next: Some((inner, req)),
+        }
+    }
+}
+
+pin_project! {
+    /// The response of a [`BreakerService`].
+    #[project = ResponseFutureProj]
+    pub enum ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        /// Refused at admission.
+        Rejected { res: Option<S::Response> },
+        /// Admitted, waiting for a slot.
+        Waiting { acquire: Acquire, next: Option<(S, Req)> },
+        /// Holding a slot (or exempt), waiting for the inner service.
+        Called { #[pin] fut: S::Future, permit: Option<Permit> },
+    }
+}
+
+impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    fn called(fut: S::Future, permit: Option<Permit>) -> Self {
+        ResponseFuture::Called { fut, permit }
+    }
+}
+
+impl<S, Req, ResBody> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<PermitBody<ResBody>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                ResponseFutureProj::Rejected { res } => {
+                    return match res.take() {
+                        Some(res) => Poll::Ready(Ok(res.map(PermitBody::new))),
+                        None => Poll::Pending,
+                    };
+                }
+                ResponseFutureProj::Waiting { acquire, next } => {
+                    let permit = std::task::ready!(Pin::new(acquire).poll(cx));
+                    let Some((mut inner, req)) = next.take() else {
+                        return Poll::Pending;
+                    };
+                    let fut = inner.call(req);
+                    self.set(ResponseFuture::called(fut, Some(permit)));
+                }
+                ResponseFutureProj::Called { fut, permit } => {
+                    let res = std::task::ready!(fut.poll(cx))?;
+                    let permit = permit.take();
+                    return Poll::Ready(Ok(res.map(|body| PermitBody { body, permit })));
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// A response body holding its request's slot until it ends or is
+    /// dropped.
+    #[derive(Debug)]
+    pub struct PermitBody<B> {
+        #[pin]
+        body: B,
+        permit: Option<Permit>,
+    }
+}
+
+impl<B> PermitBody<B> {
+    /// `body`, holding no slot.
+    pub fn new(body: B) -> Self {
+        PermitBody { body, permit: None }
+    }
+
+    /// Whether the body still holds a slot.
+    pub fn holds_permit(&self) -> bool {
+        self.permit.is_some()
+    }
+}
+
+impl<B: Body> Body for PermitBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            this.permit.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

@@ -1,0 +1,75 @@
+//! Every interleaving of a few threads racing through the breaker's
+//! lock-free and locked paths, explored by loom. Run with
+//! `RUSTFLAGS="--cfg loom" cargo test -p breaker --release --test loom`.
+#![cfg(loom)]
+
+use breaker::Breaker;
+use loom::future::block_on;
+use loom::thread;
+
+/// Two requests for one slot: both run, one after the other, and the
+/// breaker ends empty.
+#[test]
+fn two_requests_one_slot() {
+    loom::model(|| {
+        let breaker = Breaker::new(1, 1);
+        let other = breaker.clone();
+        let t = thread::spawn(move || {
+            let permit = block_on(other.acquire().expect("admitted"));
+            assert!(other.running() <= 1);
+            drop(permit);
+        });
+        let permit = block_on(breaker.acquire().expect("admitted"));
+        assert!(breaker.running() <= 1);
+        drop(permit);
+        t.join().expect("thread");
+        assert_eq!(breaker.in_flight(), 0);
+    });
+}
+
+/// A queued request given up while the slot is being released: neither
+/// the slot nor the place leaks.
+#[test]
+fn cancel_races_release() {
+    loom::model(|| {
+        let breaker = Breaker::new(1, 1);
+        let mut held = breaker.acquire().expect("admitted");
+        let permit = held.now().expect("free slot");
+        let waiting = breaker.acquire().expect("queued");
+        let t = thread::spawn(move || drop(permit));
+        drop(waiting);
+        t.join().expect("thread");
+        assert_eq!(breaker.in_flight(), 0);
+        assert!(breaker.acquire().expect("admitted").now().is_some());
+    });
+}
+
+/// A request arriving while the only slot is released: it either takes the
+/// free slot or queues and is handed it; never stuck beside a free slot.
+#[test]
+fn arrival_races_release() {
+    loom::model(|| {
+        let breaker = Breaker::new(1, 1);
+        let permit = breaker.acquire().expect("admitted").now().expect("free");
+        let t = thread::spawn(move || drop(permit));
+        let second = block_on(breaker.acquire().expect("admitted"));
+        t.join().expect("thread");
+        drop(second);
+        assert_eq!(breaker.in_flight(), 0);
+    });
+}
+
+/// Growing the capacity while a request queues: the request is not left
+/// waiting beside the new slot.
+#[test]
+fn arrival_races_growth() {
+    loom::model(|| {
+        let breaker = Breaker::new(0, 1);
+        let other = breaker.clone();
+        let t = thread::spawn(move || other.set_capacity(1));
+        let permit = block_on(breaker.acquire().expect("admitted"));
+        t.join().expect("thread");
+        drop(permit);
+        assert_eq!(breaker.in_flight(), 0);
+    });
+}
