@@ -42,6 +42,9 @@ use crate::proxy::Upstream;
 use crate::server::{Listener, admin_builder, main_builder, serve};
 use crate::stack::Shared;
 
+/// A type-erased error, as hyper takes from bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why qproxy could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -122,6 +125,9 @@ impl Server {
                 config.ports.user,
                 config.upstream_idle_connections(),
             )),
+            breaker: layers::concurrency::breaker(config.container_concurrency),
+            timeouts: config.timeouts,
+            generation: config.observability.generation(),
         };
         let graceful = Arc::new(GracefulShutdown::new());
         let (stop, stopped) = watch::channel(false);

@@ -7,20 +7,28 @@
 //! | Knative handler            | qproxy                          |
 //! |----------------------------|---------------------------------|
 //! | Go's `net/http` server     | [`ServerRulesLayer`]            |
+//! | (handler lifetimes)        | [`UpgradeHoldLayer`]            |
 //! | tracing / request metrics  | *(observability)*               |
 //! | request log                | *(observability)*               |
 //! | drainer, health checks     | *(probes and drain)*            |
 //! | hijack tracker             | *(probes and drain)*            |
 //! | route tag                  | *(observability)*               |
-//! | timeouts                   | *(breaker and timeouts)*        |
+//! | timeouts                   | [`TimeoutLayer`]                |
 //! | forwarded shim             | [`ForwardedShim`]               |
 //! | stats                      | *(autoscaler stats)*            |
 //! | `K-Original-Host` rewrite  | [`HostRewrite`]                 |
-//! | breaker                    | *(breaker and timeouts)*        |
+//! | breaker                    | [`concurrency::layer`]          |
 //! | app request metrics        | *(observability)*               |
 //! | reverse proxy              | [`Proxy`]                       |
 //!
 //! Rows in italics are the seams the later pieces plug into.
+//!
+//! Layers that hold something for the life of a request (the breaker slot,
+//! the timeouts) hold it in the response body, which the client's
+//! connection drops once the response is written. A Go handler of an
+//! upgraded (WebSocket) request returns only when the connection closes;
+//! [`UpgradeHoldLayer`], outside all of them, keeps a `101`'s body until
+//! then.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,19 +37,35 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
+use breaker::{Breaker, PermitBody};
+
 use crate::body::Body;
+use crate::config::Generation;
+use crate::config::Timeouts;
 use crate::layers::RewriteLayer;
+use crate::layers::concurrency;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::server_rules::ServerRulesLayer;
+use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
+use crate::layers::upgrade::UpgradeHoldLayer;
 use crate::proxy::{Proxy, Upstream};
 use crate::server::Conn;
+
+/// The response body of the main port.
+pub type MainBody = TimeoutBody<PermitBody<Body>>;
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
 pub struct Shared {
     /// The user container.
     pub upstream: Arc<Upstream>,
+    /// `containerConcurrency`, when limited.
+    pub breaker: Option<Breaker>,
+    /// The revision's timeouts.
+    pub timeouts: Timeouts,
+    /// Which Knative started us, for the timeouts' rules.
+    pub generation: Generation,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -50,7 +74,7 @@ pub fn main_service(
     conn: Conn,
 ) -> impl Service<
     Request<Incoming>,
-    Response = Response<Body>,
+    Response = Response<MainBody>,
     Error = Infallible,
     Future: Send + 'static,
 > + Clone
@@ -58,7 +82,10 @@ pub fn main_service(
 + use<> {
     ServiceBuilder::new()
         .layer(ServerRulesLayer)
+        .layer(UpgradeHoldLayer)
+        .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(RewriteLayer::new(ForwardedShim))
         .layer(RewriteLayer::new(HostRewrite))
+        .layer(concurrency::layer(shared.breaker.clone()))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))
 }

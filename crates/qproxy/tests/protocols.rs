@@ -555,13 +555,15 @@ async fn http1_upstream_connections_are_kept_alive() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_pool_keeps_container_concurrency_connections() {
     // The app holds requests until told, so that five connections open.
+    // Kubelet probes take no breaker slot, so five can be inside at once.
     let (app, mut arrived_rx) = App::holding("done").await;
     let qp = QProxy::start(app.port(), &[("CONTAINER_CONCURRENCY", "2")]);
 
     let requests: Vec<_> = (0..5)
         .map(|_| {
             let addr = qp.main;
-            tokio::spawn(async move { text(h1(addr, get("/", &[])).await).await })
+            let probe = get("/", &[("k-kubelet-probe", "queue")]);
+            tokio::spawn(async move { text(h1(addr, probe).await).await })
         })
         .collect();
     let mut held = Vec::new();

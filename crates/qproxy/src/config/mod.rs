@@ -254,6 +254,14 @@ impl Config {
             response_start: vars.seconds("REVISION_RESPONSE_START_TIMEOUT_SECONDS")?,
             idle: vars.seconds("REVISION_IDLE_TIMEOUT_SECONDS")?,
         };
+        let mut warnings = Vec::new();
+        if timeouts.revision.is_zero() {
+            warnings.push(
+                "REVISION_TIMEOUT_SECONDS is 0: every request times out at once \
+                 (as in Knative's queue-proxy)"
+                    .to_owned(),
+            );
+        }
         let features = Features {
             http2_auto_detection: vars.bool("ENABLE_HTTP2_AUTO_DETECTION")?,
             http_full_duplex: vars.bool("ENABLE_HTTP_FULL_DUPLEX")?,
@@ -265,7 +273,6 @@ impl Config {
             Some(json) => probe::decode(json, features.multi_container_probes)
                 .map_err(|e| ConfigError::invalid(PROBE, json, e.to_string()))?,
         };
-        let mut warnings = Vec::new();
         let logging = Logging::from_vars(vars, &mut warnings)?;
         let observability = observability::from_vars(vars, &mut warnings)?;
         let tls = Tls::from_vars(vars);
@@ -530,6 +537,16 @@ mod tests {
         assert_eq!(c.timeouts.response_start, Some(Duration::from_secs(10)));
         assert_eq!(c.timeouts.idle, Some(Duration::from_secs(20)));
         assert_eq!((c.ports.admin, c.ports.stats), (0, 19090));
+        assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn zero_revision_timeout_is_kept_with_a_warning() {
+        let mut vars = defaults();
+        vars.set("REVISION_TIMEOUT_SECONDS", "0");
+        let c = Config::from_vars(&vars).unwrap();
+        assert_eq!(c.timeouts.revision, Duration::ZERO);
+        assert!(c.warnings[0].starts_with("REVISION_TIMEOUT_SECONDS is 0"));
     }
 
     #[test]

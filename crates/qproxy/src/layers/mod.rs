@@ -4,9 +4,12 @@
 //! only change the request on its way in implement [`Rewrite`] and are
 //! applied with [`RewriteLayer`].
 
+pub mod concurrency;
 pub mod forwarded;
 pub mod host_rewrite;
 pub mod server_rules;
+pub mod timeout;
+pub mod upgrade;
 
 use std::task::{Context, Poll};
 

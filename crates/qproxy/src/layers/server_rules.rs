@@ -41,13 +41,14 @@ pub struct ServerRules<S> {
     inner: S,
 }
 
-impl<S, B> Service<Request<B>> for ServerRules<S>
+impl<S, B, ResBody> Service<Request<B>> for ServerRules<S>
 where
-    S: Service<Request<B>, Response = Response<Body>, Error = Infallible>,
+    S: Service<Request<B>, Response = Response<ResBody>, Error = Infallible>,
+    ResBody: From<Body>,
 {
-    type Response = Response<Body>;
+    type Response = Response<ResBody>;
     type Error = Infallible;
-    type Future = RulesFuture<S::Future>;
+    type Future = RulesFuture<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -55,7 +56,9 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         match answer(&req) {
-            Some(res) => RulesFuture::Answered { res: Some(res) },
+            Some(res) => RulesFuture::Answered {
+                res: Some(res.map(ResBody::from)),
+            },
             None => RulesFuture::Inner {
                 fut: self.inner.call(req),
             },
@@ -66,19 +69,19 @@ where
 pin_project! {
     /// The response of [`ServerRules`]: its own, or the inner service's.
     #[project = RulesFutureProj]
-    pub enum RulesFuture<F> {
+    pub enum RulesFuture<F, B> {
         /// Answered without the inner service.
-        Answered { res: Option<Response<Body>> },
+        Answered { res: Option<Response<B>> },
         /// Passed on.
         Inner { #[pin] fut: F },
     }
 }
 
-impl<F> Future for RulesFuture<F>
+impl<F, B> Future for RulesFuture<F, B>
 where
-    F: Future<Output = Result<Response<Body>, Infallible>>,
+    F: Future<Output = Result<Response<B>, Infallible>>,
 {
-    type Output = Result<Response<Body>, Infallible>;
+    type Output = Result<Response<B>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {

@@ -32,6 +32,9 @@ use tracing_subscriber::prelude::*;
 
 use crate::config::{Level, LevelStyle, LogOutput, Logging, Revision, Sampling, TimeStyle};
 
+/// The crates whose events follow the configured level.
+const OUR_CRATES: [&str; 3] = [env!("CARGO_CRATE_NAME"), "breaker", "autoscaler_client"];
+
 /// A [`Layer`] writing zap-style JSON lines.
 #[derive(Debug)]
 pub struct ZapLayer {
@@ -169,8 +172,10 @@ impl ZapLayer {
         }
     }
 
+    /// Events of qproxy's own crates follow the configured level; other
+    /// crates' only show from `WARN` up.
     fn wants(&self, meta: &Metadata<'_>) -> bool {
-        let ours = meta.target().starts_with(env!("CARGO_CRATE_NAME"));
+        let ours = OUR_CRATES.iter().any(|c| meta.target().starts_with(c));
         let max = if ours {
             self.max
         } else {

@@ -12,7 +12,7 @@
 
 pub mod error;
 pub mod hop;
-mod tunnel;
+pub mod tunnel;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -31,7 +31,9 @@ use tower::Service;
 
 use crate::body::{Body, RequestBody};
 use crate::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
+use crate::layers::timeout::TunnelDeadline;
 pub use error::UpstreamError;
+pub use tunnel::Tunnel;
 pub use upstream::Upstream;
 
 /// The reverse proxy for one client connection.
@@ -84,6 +86,7 @@ impl Proxy {
         append_forwarded_for(headers, &self.client_ip);
 
         let h2 = req.version() == Version::HTTP_2;
+        let deadline = req.extensions().get::<TunnelDeadline>().copied();
         let client_upgrade = match &hop.upgrade {
             Some(protocol) if !is_printable(protocol.as_bytes()) => {
                 return Err(UpstreamError::InvalidClientUpgrade(
@@ -113,7 +116,8 @@ impl Proxy {
             if !requested.eq_ignore_ascii_case(offered) {
                 return Err(mismatch(Some(requested), Some(offered)));
             }
-            tunnel::spawn(client, hyper::upgrade::on(&mut res));
+            let tunnel = tunnel::spawn(client, hyper::upgrade::on(&mut res), deadline);
+            res.extensions_mut().insert(tunnel);
             return Ok(res.map(|_| Body::empty()));
         }
 

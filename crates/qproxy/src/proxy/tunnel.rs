@@ -5,24 +5,89 @@
 //! the other side's write half is shut down and the copy the other way goes
 //! on until it finishes too, as current Knative's Go reverse proxy does: a
 //! client that half-closes still gets the rest of the app's answer.
+//!
+//! The request that opened the tunnel is not over while it runs: the `101`
+//! response carries a [`Tunnel`] that keeps whatever the layers hold for
+//! the request (its breaker slot, for one) until the tunnel closes, and the
+//! tunnel is closed at the request's [`TunnelDeadline`], if it has one.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-/// Runs the tunnel between the client and the app in its own task.
-pub(super) fn spawn(client: OnUpgrade, app: OnUpgrade) {
+use crate::layers::timeout::TunnelDeadline;
+
+/// Keeps things alive for as long as an upgraded connection is open.
+///
+/// Found in the extensions of a `101` response; cloning gives another
+/// handle to the same tunnel.
+#[derive(Debug, Clone)]
+pub struct Tunnel {
+    /// `None` once the tunnel has closed.
+    kept: Arc<Mutex<Option<Kept>>>,
+}
+
+/// What a tunnel keeps alive.
+type Kept = Vec<Box<dyn Any + Send>>;
+
+impl Tunnel {
+    fn open() -> Self {
+        Tunnel {
+            kept: Arc::new(Mutex::new(Some(Vec::new()))),
+        }
+    }
+
+    /// Keeps `thing` until the tunnel closes; drops it at once if it has
+    /// closed already.
+    pub fn keep(&self, thing: impl Any + Send) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = kept.as_mut() {
+            kept.push(Box::new(thing));
+        }
+    }
+
+    /// Drops everything kept; later [`Tunnel::keep`]s drop at once.
+    fn close(&self) {
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(kept);
+    }
+}
+
+/// Runs the tunnel between the client and the app in its own task, and
+/// returns the handle the response carries.
+pub(super) fn spawn(client: OnUpgrade, app: OnUpgrade, deadline: Option<TunnelDeadline>) -> Tunnel {
+    let tunnel = Tunnel::open();
+    let handle = tunnel.clone();
     tokio::spawn(async move {
-        let (client, app) = match tokio::try_join!(client, app) {
-            Ok(pair) => pair,
-            Err(e) => {
-                tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
-                return;
+        let copy = async {
+            let (client, app) = match tokio::try_join!(client, app) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
+                    return;
+                }
+            };
+            let (mut client, mut app) = (TokioIo::new(client), TokioIo::new(app));
+            match tokio::io::copy_bidirectional(&mut client, &mut app).await {
+                Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
+                Err(e) => tracing::debug!(error = %e, "upgraded connection failed"),
             }
         };
-        let (mut client, mut app) = (TokioIo::new(client), TokioIo::new(app));
-        match tokio::io::copy_bidirectional(&mut client, &mut app).await {
-            Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
-            Err(e) => tracing::debug!(error = %e, "upgraded connection failed"),
+        match deadline {
+            Some(TunnelDeadline(at)) => {
+                if tokio::time::timeout_at(at, copy).await.is_err() {
+                    tracing::debug!("upgraded connection closed by the request timeout");
+                }
+            }
+            None => copy.await,
         }
+        tunnel.close();
     });
+    handle
 }

@@ -91,9 +91,9 @@ impl QProxy {
     /// Starts qproxy with exactly `env` and waits until its ports are bound.
     pub fn start_env(env: &[(String, String)]) -> Self {
         let mut qp = Self::spawn_env(env);
-        let metrics_served = env
-            .iter()
-            .any(|(k, v)| k == "SERVING_REQUEST_METRICS_BACKEND" && v == "prometheus");
+        let vars = qproxy::config::Vars::from_pairs(env.iter().map(|(k, v)| (k, v)));
+        let metrics_served =
+            qproxy::Config::from_vars(&vars).is_ok_and(|c| c.observability.prometheus_metrics());
         qp.main = qp.listening("main");
         qp.dual_stack = qp.bound("main").is_ipv6();
         qp.admin = qp.listening("admin");
@@ -155,11 +155,16 @@ impl QProxy {
 
     /// Waits for a log line matching `pred`.
     pub fn wait_for_log(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_for_logs(what, 1, pred)
+    }
+
+    /// Waits until `n` log lines match `pred`; returns the `n`th.
+    pub fn wait_for_logs(&self, what: &str, n: usize, pred: impl Fn(&Value) -> bool) -> Value {
         let (lines, changed) = &*self.logs;
         let deadline = Instant::now() + DEADLINE;
         let mut guard = lines.lock().unwrap();
         loop {
-            if let Some(l) = guard.iter().find(|l| pred(l)) {
+            if let Some(l) = guard.iter().filter(|l| pred(l)).nth(n - 1) {
                 return l.clone();
             }
             let left = deadline

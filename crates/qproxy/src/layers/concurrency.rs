@@ -1,0 +1,48 @@
+//! `containerConcurrency`: the breaker between the client and the app.
+//!
+//! With `CONTAINER_CONCURRENCY > 0`, a [`breaker::Breaker`] with that many
+//! slots and a queue of ten times as many waiting requests; a request that
+//! finds both full is answered `503` `pending request queue full` at once.
+//! Kubelet probes never take a slot. With `0` there is no limit.
+
+use breaker::{Breaker, BreakerLayer, PermitBody, QueueFull};
+use http::{Response, StatusCode};
+
+use crate::body::Body;
+use crate::headers::is_kubelet_probe;
+use crate::proxy::plain_text;
+
+/// The breaker layer of the main port.
+pub type ConcurrencyLayer = BreakerLayer<fn(QueueFull) -> Response<Body>>;
+
+/// The breaker Knative's queue-proxy builds for `container_concurrency`, if
+/// any: `container_concurrency` slots and ten times as many places in the
+/// queue.
+pub fn breaker(container_concurrency: u32) -> Option<Breaker> {
+    if container_concurrency == 0 {
+        return None;
+    }
+    let depth = container_concurrency.saturating_mul(10);
+    tracing::info!(
+        "Queue container is starting with BreakerParams = queue.BreakerParams{{QueueDepth:{depth}, \
+         MaxConcurrency:{container_concurrency}, InitialCapacity:{container_concurrency}}}"
+    );
+    Some(Breaker::new(container_concurrency, depth))
+}
+
+/// Limits the requests reaching the app with `breaker`.
+pub fn layer(breaker: Option<Breaker>) -> ConcurrencyLayer {
+    BreakerLayer::new(breaker, queue_full as fn(QueueFull) -> Response<Body>)
+        .exempt(is_kubelet_probe)
+}
+
+/// Go's `http.Error(w, err.Error(), 503)`.
+fn queue_full(err: QueueFull) -> Response<Body> {
+    plain_text(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n"))
+}
+
+impl<B: From<Body>> From<Body> for PermitBody<B> {
+    fn from(body: Body) -> Self {
+        PermitBody::new(B::from(body))
+    }
+}

@@ -1,0 +1,438 @@
+//! The revision's three timeouts, as Knative's `timeoutHandler` applies them.
+//!
+//! All three start when the request reaches this layer, so time spent
+//! waiting in the breaker's queue counts:
+//!
+//! - `REVISION_TIMEOUT_SECONDS`, the overall bound;
+//! - `REVISION_RESPONSE_START_TIMEOUT_SECONDS`, until the response starts;
+//! - `REVISION_IDLE_TIMEOUT_SECONDS`, the longest time without a write to
+//!   the client (the response head counts as one).
+//!
+//! If any of them fires before the response has started, the request is
+//! abandoned (its upstream exchange is cancelled, its breaker slot freed)
+//! and the client gets `504` with the body `request timeout`.
+//!
+//! Once the response has started, the generations differ. Classic Knative
+//! (serving v0.42) lets the overall timeout pass and the response go on;
+//! only the idle timeout ends it. Current Knative ends it on either. The
+//! response-start timeout no longer applies in both. The generation is
+//! current when `OBSERVABILITY_CONFIG` is set.
+//!
+//! Ending a started response cuts it short so that the client can tell:
+//! HTTP/1 closes the connection without the body's proper end, HTTP/2
+//! resets the stream. (Knative's queue-proxy writes `request timeout` into
+//! such a body and, unless it has a `Content-Length`, ends it as if it were
+//! complete.)
+//!
+//! An upgraded connection (WebSocket) is not a response that writes: as in
+//! Knative, it is closed when the earliest of the three timeouts, counted
+//! from the request, expires. The layer tells the proxy when through the
+//! request's [`TunnelDeadline`] extension.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep_until};
+use tower::{Layer, Service};
+
+use crate::body::Body;
+use crate::config::Generation;
+use crate::config::Timeouts;
+
+/// The body of the `504`.
+const REQUEST_TIMEOUT: &str = "request timeout";
+
+/// When the upgraded connection of a request must be closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunnelDeadline(pub Instant);
+
+/// Adds [`Timeout`] to a stack.
+#[derive(Debug, Clone, Copy)]
+pub struct TimeoutLayer {
+    timeouts: Timeouts,
+    generation: Generation,
+}
+
+impl TimeoutLayer {
+    /// Applies `timeouts` the way the `generation` of Knative does.
+    pub fn new(timeouts: Timeouts, generation: Generation) -> Self {
+        Self {
+            timeouts,
+            generation,
+        }
+    }
+}
+
+impl<S> Layer<S> for TimeoutLayer {
+    type Service = Timeout<S>;
+
+    fn layer(&self, inner: S) -> Timeout<S> {
+        Timeout {
+            inner,
+            timeouts: self.timeouts,
+            generation: self.generation,
+        }
+    }
+}
+
+/// Bounds each request by the revision's timeouts; see the [module
+/// docs](self).
+#[derive(Debug, Clone)]
+pub struct Timeout<S> {
+    inner: S,
+    timeouts: Timeouts,
+    generation: Generation,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Timeout<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible>,
+    ResBody: http_body::Body + From<Body>,
+{
+    type Response = Response<TimeoutBody<ResBody>>;
+    type Error = Infallible;
+    type Future = TimeoutFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let clock = Clock::start(self.timeouts, self.generation);
+        let (deadline, _) = clock.before_start();
+        req.extensions_mut().insert(TunnelDeadline(deadline));
+        TimeoutFuture {
+            inner: self.inner.call(req),
+            sleep: sleep_until(deadline),
+            clock,
+        }
+    }
+}
+
+/// Which timeout fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fired {
+    Overall,
+    ResponseStart,
+    Idle,
+}
+
+/// The deadlines of one request.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    started: Instant,
+    timeouts: Timeouts,
+    generation: Generation,
+}
+
+impl Clock {
+    fn start(timeouts: Timeouts, generation: Generation) -> Self {
+        Self {
+            started: Instant::now(),
+            timeouts,
+            generation,
+        }
+    }
+
+    /// The earliest deadline before the response starts, and its timeout.
+    /// With nothing written yet, the idle timeout counts from the start.
+    fn before_start(&self) -> (Instant, Fired) {
+        let t = &self.timeouts;
+        [
+            Some((t.revision, Fired::Overall)),
+            t.response_start.map(|d| (d, Fired::ResponseStart)),
+            t.idle.map(|d| (d, Fired::Idle)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|(d, _)| *d)
+        .map_or((self.started, Fired::Overall), |(d, fired)| {
+            (self.started + d, fired)
+        })
+    }
+
+    /// The overall deadline, if it still applies once the response started.
+    fn overall_after_start(&self) -> Option<Instant> {
+        match self.generation {
+            Generation::Classic => None,
+            Generation::Current => Some(self.started + self.timeouts.revision),
+        }
+    }
+
+    /// Logs the timeout as current Knative does (classic logs nothing).
+    fn log(&self, fired: Fired) {
+        if self.generation == Generation::Classic {
+            return;
+        }
+        let t = &self.timeouts;
+        match fired {
+            Fired::Overall => tracing::warn!("Request timeout: {}", go_duration(t.revision)),
+            Fired::ResponseStart => tracing::warn!(
+                "Response start timeout: {}",
+                go_duration(t.response_start.unwrap_or_default())
+            ),
+            Fired::Idle => {
+                tracing::warn!("Idle timeout: {}", go_duration(t.idle.unwrap_or_default()))
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The response of [`Timeout`]: the inner one, or `504` if a timeout
+    /// fires first.
+    pub struct TimeoutFuture<F> {
+        #[pin]
+        inner: F,
+        #[pin]
+        sleep: Sleep,
+        clock: Clock,
+    }
+}
+
+impl<F, B> Future for TimeoutFuture<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+    B: http_body::Body + From<Body>,
+{
+    type Output = Result<Response<TimeoutBody<B>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(Ok(res)) = this.inner.poll(cx) {
+            let clock = *this.clock;
+            return Poll::Ready(Ok(res.map(|body| TimeoutBody::started(body, clock))));
+        }
+        if this.sleep.poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let (_, fired) = this.clock.before_start();
+        this.clock.log(fired);
+        // Go's handler writes the status and the text, no more: the type is
+        // sniffed, and there is no `X-Content-Type-Options`.
+        let mut res = Response::new(TimeoutBody::plain(B::from(Body::full(REQUEST_TIMEOUT))));
+        *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+        res.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        Poll::Ready(Ok(res))
+    }
+}
+
+/// A response ended by a timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("request timeout")]
+pub struct TimedOut;
+
+pin_project! {
+    /// A response body under the timeouts that still apply once the
+    /// response has started.
+    pub struct TimeoutBody<B> {
+        #[pin]
+        body: B,
+        // `None` when no timeout applies any more.
+        #[pin]
+        sleep: Option<Sleep>,
+        overall: Option<Instant>,
+        idle: Option<Duration>,
+        last_write: Instant,
+        clock: Option<Clock>,
+        // Set once a timeout fired.
+        timed_out: bool,
+    }
+}
+
+impl<B> TimeoutBody<B> {
+    /// A body no timeout applies to (qproxy's own answers).
+    pub fn plain(body: B) -> Self {
+        TimeoutBody {
+            body,
+            sleep: None,
+            overall: None,
+            idle: None,
+            last_write: Instant::now(),
+            clock: None,
+            timed_out: false,
+        }
+    }
+
+    fn started(body: B, clock: Clock) -> Self {
+        let now = Instant::now();
+        let overall = clock.overall_after_start();
+        let idle = clock.timeouts.idle;
+        let first = [overall, idle.map(|d| now + d)].into_iter().flatten().min();
+        TimeoutBody {
+            body,
+            sleep: first.map(sleep_until),
+            overall,
+            idle,
+            last_write: now,
+            clock: Some(clock),
+            timed_out: false,
+        }
+    }
+}
+
+impl<B> From<Body> for TimeoutBody<B>
+where
+    B: From<Body>,
+{
+    fn from(body: Body) -> Self {
+        TimeoutBody::plain(B::from(body))
+    }
+}
+
+impl<B> http_body::Body for TimeoutBody<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<crate::BoxError>,
+{
+    type Data = Bytes;
+    type Error = crate::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::BoxError>>> {
+        let mut this = self.project();
+        if *this.timed_out {
+            return Poll::Ready(Some(Err(TimedOut.into())));
+        }
+        match this.body.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.data_ref().is_some_and(|d| !d.is_empty()) && this.idle.is_some() {
+                    *this.last_write = Instant::now();
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        let Some(mut sleep) = this.sleep.as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The timer only says "maybe": the idle deadline moves with
+            // every write, and the timer is re-armed lazily, as Go does.
+            let now = Instant::now();
+            let idle_deadline = this.idle.map(|d| *this.last_write + d);
+            let fired = if this.overall.is_some_and(|d| now >= d) {
+                Fired::Overall
+            } else if idle_deadline.is_some_and(|d| now >= d) {
+                Fired::Idle
+            } else {
+                let next = [*this.overall, idle_deadline].into_iter().flatten().min();
+                match next {
+                    Some(next) => {
+                        sleep.as_mut().reset(next);
+                        continue;
+                    }
+                    None => return Poll::Pending,
+                }
+            };
+            if let Some(clock) = this.clock {
+                clock.log(fired);
+            }
+            tracing::debug!(?fired, "response cut short by a timeout");
+            *this.timed_out = true;
+            return Poll::Ready(Some(Err(TimedOut.into())));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        !self.timed_out && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.timed_out {
+            SizeHint::default()
+        } else {
+            self.body.size_hint()
+        }
+    }
+}
+
+/// A whole number of seconds as Go's `time.Duration` prints it: `30s`,
+/// `5m0s`, `1h0m0s`.
+fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, _) => format!("{m}m{s}s"),
+        _ => format!("{h}h{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeouts(revision: u64, start: Option<u64>, idle: Option<u64>) -> Timeouts {
+        Timeouts {
+            revision: Duration::from_secs(revision),
+            response_start: start.map(Duration::from_secs),
+            idle: idle.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(Duration::from_secs(0)), "0s");
+        assert_eq!(go_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(go_duration(Duration::from_secs(300)), "5m0s");
+        assert_eq!(go_duration(Duration::from_secs(3661)), "1h1m1s");
+    }
+
+    #[tokio::test]
+    async fn earliest_timeout_bounds_the_wait_for_the_response() {
+        let clock = Clock::start(timeouts(300, Some(10), Some(20)), Generation::Classic);
+        assert_eq!(
+            clock.before_start(),
+            (
+                clock.started + Duration::from_secs(10),
+                Fired::ResponseStart
+            )
+        );
+        let clock = Clock::start(timeouts(5, Some(10), Some(2)), Generation::Classic);
+        assert_eq!(
+            clock.before_start(),
+            (clock.started + Duration::from_secs(2), Fired::Idle)
+        );
+        let clock = Clock::start(timeouts(5, None, None), Generation::Current);
+        assert_eq!(
+            clock.before_start(),
+            (clock.started + Duration::from_secs(5), Fired::Overall)
+        );
+    }
+
+    #[tokio::test]
+    async fn overall_timeout_outlives_the_response_start_only_in_current() {
+        let t = timeouts(300, None, None);
+        assert_eq!(
+            Clock::start(t, Generation::Classic).overall_after_start(),
+            None
+        );
+        let current = Clock::start(t, Generation::Current);
+        assert_eq!(
+            current.overall_after_start(),
+            Some(current.started + Duration::from_secs(300))
+        );
+        // Classic with no idle timeout: nothing left to time.
+        let body = TimeoutBody::started(Body::empty(), Clock::start(t, Generation::Classic));
+        assert!(body.sleep.is_none());
+    }
+}
