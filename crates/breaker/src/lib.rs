@@ -23,19 +23,21 @@
 //! number of queued requests (`waiting`); a mutex guards the queue itself.
 //!
 //! - **Admission.** A request is admitted while `running + waiting` is below
-//!   `capacity + queue_depth`, and refused at once otherwise.
+//!   `capacity + queue_depth`, and refused at once otherwise. The bound
+//!   follows the current capacity.
 //! - **No free slot while anyone waits.** Whenever `waiting > 0`,
-//!   `running >= capacity`. A request takes a slot directly only when nobody
-//!   is queued; a released slot goes straight to the oldest waiter, so a
+//!   `running >= capacity`, except while a release is under way: it frees
+//!   its slot in one atomic step, sees the waiters, and takes the lock to
+//!   hand a slot to the oldest; until then nobody else can take the slot.
+//!   A request takes a slot directly only when nobody is queued, so a
 //!   newcomer can never overtake the queue (FIFO), and a waiter is never
 //!   left asleep next to a free slot (no lost wake-ups).
 //! - **Only the lock changes `waiting`.** Queueing, handing a slot over and
 //!   cancelling all happen under the queue's mutex, and `waiting` always
-//!   equals the queue's length once the mutex is released. The lock-free
-//!   paths (taking a free slot, releasing one nobody waits for) move only
-//!   `running`, and only while `waiting` is zero: both are compare-and-swaps
-//!   on the whole word, so they fail and fall back to the lock as soon as a
-//!   request queues.
+//!   equals the queue's length once the mutex is released. Without the lock,
+//!   `running` only rises while `waiting` is zero (a compare-and-swap on the
+//!   whole word, which fails as soon as a request queues) and falls on
+//!   release.
 //! - **Cancellation.** Dropping an [`Acquire`] that is still queued removes
 //!   it from the queue and frees its place; dropping one that was handed a
 //!   slot but not polled since releases that slot to the next waiter.
@@ -45,15 +47,15 @@
 //!   shrinking lets the requests running finish and gives no slot out until
 //!   `running` is below the new capacity.
 //!
-//! The uncontended path, a free slot taken and released, is two
-//! compare-and-swaps and never touches the mutex.
+//! The uncontended path, a free slot taken and released, is one
+//! compare-and-swap and one subtraction, and never touches the mutex.
 
 mod service;
 mod sync;
 
 pub use service::{BreakerLayer, BreakerService, PermitBody, ResponseFuture};
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -100,9 +102,38 @@ struct Shared {
 #[derive(Default)]
 struct Queue {
     next_ticket: u64,
-    /// Ticket to the waker of its last poll. A ticket leaves the map when
-    /// its request is handed a slot or cancelled.
-    waiters: BTreeMap<u64, Option<Waker>>,
+    /// Tickets, in increasing order, with the waker of their last poll. A
+    /// ticket leaves when its request is handed a slot or cancelled.
+    waiters: VecDeque<(u64, Option<Waker>)>,
+}
+
+impl Queue {
+    fn push(&mut self) -> u64 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.waiters.push_back((ticket, None));
+        ticket
+    }
+
+    fn pop_first(&mut self) -> Option<Option<Waker>> {
+        self.waiters.pop_front().map(|(_, waker)| waker)
+    }
+
+    fn find(&self, ticket: u64) -> Result<usize, usize> {
+        self.waiters.binary_search_by_key(&ticket, |(t, _)| *t)
+    }
+
+    fn waker_mut(&mut self, ticket: u64) -> Option<&mut Option<Waker>> {
+        let at = self.find(ticket).ok()?;
+        self.waiters.get_mut(at).map(|(_, waker)| waker)
+    }
+
+    fn remove(&mut self, ticket: u64) -> bool {
+        match self.find(ticket) {
+            Ok(at) => self.waiters.remove(at).is_some(),
+            Err(_) => false,
+        }
+    }
 }
 
 impl Breaker {
@@ -174,9 +205,7 @@ impl Breaker {
                 Err(actual) => state = actual,
             }
         }
-        let ticket = queue.next_ticket;
-        queue.next_ticket += 1;
-        queue.waiters.insert(ticket, None);
+        let ticket = queue.push();
         Ok(Acquire {
             state: AcquireState::Queued {
                 shared: Some(self.shared.clone()),
@@ -200,13 +229,13 @@ impl Breaker {
             let mut queue = shared.lock();
             shared.capacity.store(capacity, Ordering::Release);
             loop {
-                // `waiting > 0` here, so the lock-free paths are shut and
-                // `running` cannot move under us.
+                // `waiting > 0` here: only releases move `running`, and
+                // only down.
                 let state = shared.state.load(Ordering::Acquire);
                 if waiting(state) == 0 || running(state) >= capacity {
                     break;
                 }
-                let Some((_, waker)) = queue.waiters.pop_first() else {
+                let Some(waker) = queue.pop_first() else {
                     break;
                 };
                 // One waiter fewer, one slot more.
@@ -227,10 +256,11 @@ impl Breaker {
         self.shared.queue_depth
     }
 
-    /// Requests admitted and not finished: running plus waiting.
+    /// Requests admitted and not finished: running plus waiting (at most
+    /// `u32::MAX`).
     pub fn in_flight(&self) -> u32 {
         let state = self.shared.state.load(Ordering::Relaxed);
-        running(state) + waiting(state)
+        running(state).saturating_add(waiting(state))
     }
 
     /// Requests holding a slot.
@@ -271,41 +301,32 @@ impl Shared {
     /// Gives a slot back: to the oldest waiter if there is one, else to the
     /// pool.
     fn release(&self) {
-        let mut state = self.state.load(Ordering::Acquire);
-        while waiting(state) == 0 {
-            match self.state.compare_exchange_weak(
-                state,
-                state - 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(actual) => state = actual,
-            }
+        // One atomic step when nobody waits. When someone does, the slot is
+        // free for a moment but nobody can take it: the lock-free path is
+        // shut while `waiting > 0`, and queueing goes through the lock,
+        // which hands it over.
+        let before = self.state.fetch_sub(1, Ordering::AcqRel);
+        if waiting(before) == 0 {
+            return;
         }
-        let woken = self.release_locked(&mut self.lock());
+        let woken = self.hand_over(&mut self.lock());
         if let Some(waker) = woken {
             waker.wake();
         }
     }
 
-    /// [`Shared::release`] under the lock; returns the waker to call once
-    /// the lock is dropped.
-    fn release_locked(&self, queue: &mut Queue) -> Option<Waker> {
+    /// Under the lock: gives a free slot, if there is one, to the oldest
+    /// waiter; returns the waker to call once the lock is dropped.
+    fn hand_over(&self, queue: &mut Queue) -> Option<Waker> {
+        // With `waiting > 0` only lock holders raise `running`.
         let state = self.state.load(Ordering::Acquire);
         let capacity = self.capacity.load(Ordering::Acquire);
-        // With `waiting > 0` only lock holders move the word; `running` is
-        // at least `capacity` (see the invariants), so `<=` means "the slot
-        // released is within capacity".
-        if waiting(state) > 0
-            && running(state) <= capacity
-            && let Some((_, waker)) = queue.waiters.pop_first()
-        {
-            // The slot changes hands: `running` stays.
-            self.state.fetch_sub(ONE_WAITING, Ordering::AcqRel);
+        if waiting(state) > 0 && running(state) < capacity {
+            let waker = queue.pop_first()?;
+            // One waiter fewer, one slot taken.
+            self.state.fetch_sub(ONE_WAITING - 1, Ordering::AcqRel);
             return waker;
         }
-        self.state.fetch_sub(1, Ordering::AcqRel);
         None
     }
 }
@@ -378,7 +399,7 @@ impl Future for Acquire {
                 };
                 {
                     let mut queue = arc.lock();
-                    if let Some(waker) = queue.waiters.get_mut(ticket) {
+                    if let Some(waker) = queue.waker_mut(*ticket) {
                         match waker {
                             Some(w) if w.will_wake(cx.waker()) => {}
                             _ => *waker = Some(cx.waker().clone()),
@@ -405,17 +426,20 @@ impl Drop for Acquire {
         let Some(shared) = shared.take() else {
             return;
         };
-        let woken = {
+        let (left, woken) = {
             let mut queue = shared.lock();
-            if queue.waiters.remove(ticket).is_some() {
+            if queue.remove(*ticket) {
                 let state = shared.state.fetch_sub(ONE_WAITING, Ordering::AcqRel);
-                tracing::debug!(waiting = waiting(state) - 1, "queued request gave up");
-                None
+                (Some(waiting(state) - 1), None)
             } else {
                 // Handed a slot we will never use: pass it on.
-                shared.release_locked(&mut queue)
+                shared.state.fetch_sub(1, Ordering::AcqRel);
+                (None, shared.hand_over(&mut queue))
             }
         };
+        if let Some(waiting) = left {
+            tracing::debug!(waiting, "queued request gave up");
+        }
         if let Some(waker) = woken {
             waker.wake();
         }

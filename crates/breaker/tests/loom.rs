@@ -73,3 +73,61 @@ fn arrival_races_growth() {
         assert_eq!(breaker.in_flight(), 0);
     });
 }
+
+/// A request handed a slot gives it up, unpolled, while another slot is
+/// released: the request behind it still gets one.
+#[test]
+fn granted_waiter_dropped_during_release() {
+    loom::model(|| {
+        let breaker = Breaker::new(1, 2);
+        let permit = breaker.acquire().expect("admitted").now().expect("free");
+        let first = breaker.acquire().expect("queued");
+        let second = breaker.acquire().expect("queued");
+        let t = thread::spawn(move || drop(permit));
+        drop(first);
+        t.join().expect("thread");
+        drop(block_on(second));
+        assert_eq!(breaker.in_flight(), 0);
+    });
+}
+
+/// Growing the capacity while a slot is released: the waiter is served
+/// once, and nothing leaks.
+#[test]
+fn growth_races_release() {
+    loom::model(|| {
+        let breaker = Breaker::new(1, 1);
+        let permit = breaker.acquire().expect("admitted").now().expect("free");
+        let waiter = breaker.acquire().expect("queued");
+        let other = breaker.clone();
+        let t = thread::spawn(move || other.set_capacity(2));
+        drop(permit);
+        drop(block_on(waiter));
+        t.join().expect("thread");
+        assert_eq!(breaker.in_flight(), 0);
+        assert_eq!(breaker.running(), 0);
+    });
+}
+
+/// Shrinking while both slots are released: the waiter gets one slot,
+/// whether it was handed over before the shrink or after.
+#[test]
+fn shrink_races_releases() {
+    loom::model(|| {
+        let breaker = Breaker::new(2, 1);
+        let p1 = breaker.acquire().expect("admitted").now().expect("free");
+        let p2 = breaker.acquire().expect("admitted").now().expect("free");
+        let waiter = breaker.acquire().expect("queued");
+        let other = breaker.clone();
+        let t = thread::spawn(move || {
+            other.set_capacity(1);
+            drop(p1);
+        });
+        drop(p2);
+        let permit = block_on(waiter);
+        t.join().expect("thread");
+        assert_eq!(breaker.running(), 1);
+        drop(permit);
+        assert_eq!(breaker.in_flight(), 0);
+    });
+}

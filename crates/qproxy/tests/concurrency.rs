@@ -262,3 +262,28 @@ async fn an_upgraded_connection_holds_its_slot_until_it_closes() {
         .expect("client");
     assert_eq!((status, body.as_str()), (StatusCode::OK, "plain"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upgrade_the_client_abandons_gives_its_slot_back() {
+    use tokio::io::AsyncWriteExt;
+    let app = websocket_app().await;
+    let qp = debug_proxy(&app, "1", &[]);
+    for _ in 0..3 {
+        // Ask for a WebSocket and hang up without waiting for the answer.
+        let mut stream = TcpStream::connect(qp.main).await.unwrap();
+        stream
+            .write_all(
+                b"GET /ws HTTP/1.1\r\nHost: hello.example.com\r\nConnection: Upgrade\r\n\
+                  Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+                  Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        drop(stream);
+    }
+    // Whatever point each was abandoned at, the one slot is free again.
+    let (status, body) = within("a request after them", spawn_get(&qp, "/"))
+        .await
+        .expect("client");
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "plain"));
+}

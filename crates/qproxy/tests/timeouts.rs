@@ -254,7 +254,13 @@ async fn an_upgraded_connection_closes_at_the_timeout() {
         }
     })
     .await;
-    let qp = QProxy::start(port, &[("REVISION_TIMEOUT_SECONDS", "1")]);
+    let qp = QProxy::start(
+        port,
+        &[
+            ("REVISION_TIMEOUT_SECONDS", "1"),
+            ("SERVING_LOGGING_LEVEL", "debug"),
+        ],
+    );
     let stream = TcpStream::connect(qp.main).await.unwrap();
     let (mut ws, _) = within(
         "websocket handshake",
@@ -273,4 +279,7 @@ async fn an_upgraded_connection_closes_at_the_timeout() {
         !matches!(end, Some(Ok(Message::Text(_) | Message::Binary(_)))),
         "{end:?}"
     );
+    qp.wait_for_log("the tunnel closed by the timeout", |l| {
+        l["message"] == "upgraded connection closed by the request timeout"
+    });
 }

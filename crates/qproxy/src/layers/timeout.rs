@@ -236,6 +236,7 @@ pub struct TimedOut;
 pin_project! {
     /// A response body under the timeouts that still apply once the
     /// response has started.
+    #[project = TimeoutBodyProj]
     pub struct TimeoutBody<B> {
         #[pin]
         body: B,
@@ -282,6 +283,18 @@ impl<B> TimeoutBody<B> {
     }
 }
 
+impl<B> TimeoutBodyProj<'_, B> {
+    /// Ends the body: logs the timeout and fails every later poll.
+    fn fire<T>(&mut self, fired: Fired) -> Poll<Option<Result<T, crate::BoxError>>> {
+        if let Some(clock) = self.clock {
+            clock.log(fired);
+        }
+        tracing::debug!(?fired, "response cut short by a timeout");
+        *self.timed_out = true;
+        Poll::Ready(Some(Err(TimedOut.into())))
+    }
+}
+
 impl<B> From<Body> for TimeoutBody<B>
 where
     B: From<Body>,
@@ -307,10 +320,19 @@ where
         if *this.timed_out {
             return Poll::Ready(Some(Err(TimedOut.into())));
         }
-        match this.body.poll_frame(cx) {
+        match this.body.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if frame.data_ref().is_some_and(|d| !d.is_empty()) && this.idle.is_some() {
-                    *this.last_write = Instant::now();
+                if this.overall.is_none() && this.idle.is_none() {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                let now = Instant::now();
+                // A body that is always ready never lets the timer run:
+                // past the overall deadline, the write fails as in Go.
+                if this.overall.is_some_and(|d| now >= d) {
+                    return this.fire(Fired::Overall);
+                }
+                if frame.data_ref().is_some_and(|d| !d.is_empty()) {
+                    *this.last_write = now;
                 }
                 return Poll::Ready(Some(Ok(frame)));
             }
@@ -343,12 +365,7 @@ where
                     None => return Poll::Pending,
                 }
             };
-            if let Some(clock) = this.clock {
-                clock.log(fired);
-            }
-            tracing::debug!(?fired, "response cut short by a timeout");
-            *this.timed_out = true;
-            return Poll::Ready(Some(Err(TimedOut.into())));
+            return this.fire(fired);
         }
     }
 
@@ -434,5 +451,20 @@ mod tests {
         // Classic with no idle timeout: nothing left to time.
         let body = TimeoutBody::started(Body::empty(), Clock::start(t, Generation::Classic));
         assert!(body.sleep.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_always_ready_still_ends_at_the_overall_timeout() {
+        use http_body_util::{BodyExt, StreamBody};
+        let endless = StreamBody::new(futures_util::stream::repeat_with(|| {
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x")))
+        }));
+        let clock = Clock::start(timeouts(1, None, None), Generation::Current);
+        let mut body = std::pin::pin!(TimeoutBody::started(endless, clock));
+        assert!(body.frame().await.is_some_and(|f| f.is_ok()));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let cut = body.frame().await.expect("a frame");
+        assert!(cut.is_err_and(|e| e.is::<TimedOut>()));
+        assert!(body.frame().await.is_some_and(|f| f.is_err()));
     }
 }
