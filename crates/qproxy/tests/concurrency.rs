@@ -12,8 +12,6 @@ use http::{Response, StatusCode};
 use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
@@ -231,27 +229,11 @@ async fn websocket_app() -> App {
     .await
 }
 
-/// Opens a WebSocket through `qp` and checks that it echoes.
-async fn open_websocket(qp: &QProxy) -> WebSocketStream<TcpStream> {
-    let stream = TcpStream::connect(qp.main).await.unwrap();
-    let (mut ws, res) = within(
-        "websocket handshake",
-        tokio_tungstenite::client_async("ws://hello.example.com/ws", stream),
-    )
-    .await
-    .unwrap();
-    assert_eq!(res.status(), 101);
-    ws.send(Message::text("ping")).await.unwrap();
-    let echoed = within("echo", ws.next()).await.unwrap().unwrap();
-    assert_eq!(echoed, Message::text("ping"));
-    ws
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upgraded_connection_holds_its_slot_until_it_closes() {
     let app = websocket_app().await;
     let qp = debug_proxy(&app, "1", &[]);
-    let ws = open_websocket(&qp).await;
+    let ws = websocket(qp.main).await;
 
     let plain = spawn_get(&qp, "/");
     qp.wait_for_log("a request queued behind the tunnel", queued(1));

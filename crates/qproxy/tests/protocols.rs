@@ -59,14 +59,7 @@ async fn websocket_echo_through_the_tunnel() {
     .await;
     let qp = QProxy::start(port, &[]);
 
-    let stream = TcpStream::connect(qp.main).await.unwrap();
-    let (mut ws, res) = within(
-        "websocket handshake",
-        tokio_tungstenite::client_async("ws://hello.example.com/ws", stream),
-    )
-    .await
-    .unwrap();
-    assert_eq!(res.status(), 101);
+    let mut ws = websocket(qp.main).await;
     for i in 0..5 {
         let msg = format!("hello {i}");
         ws.send(Message::text(msg.clone())).await.unwrap();

@@ -11,7 +11,6 @@ use futures_util::{SinkExt, StreamExt, stream};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -261,18 +260,7 @@ async fn an_upgraded_connection_closes_at_the_timeout() {
             ("SERVING_LOGGING_LEVEL", "debug"),
         ],
     );
-    let stream = TcpStream::connect(qp.main).await.unwrap();
-    let (mut ws, _) = within(
-        "websocket handshake",
-        tokio_tungstenite::client_async("ws://hello.example.com/ws", stream),
-    )
-    .await
-    .unwrap();
-    ws.send(Message::text("ping")).await.unwrap();
-    assert_eq!(
-        within("echo", ws.next()).await.unwrap().unwrap(),
-        Message::text("ping")
-    );
+    let mut ws = websocket(qp.main).await;
     // Nothing more is sent; the connection ends when the timeout fires.
     let end = within("the tunnel closed", ws.next()).await;
     assert!(

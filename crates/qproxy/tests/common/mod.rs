@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
@@ -22,6 +23,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
 
 /// How long any single wait in a test may take before it fails.
 pub const DEADLINE: Duration = Duration::from_secs(20);
@@ -562,4 +565,21 @@ pub async fn text(res: Response<Incoming>) -> String {
         .unwrap()
         .to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// Opens a WebSocket to `/ws` through `addr`, checks the `101`, and that
+/// a `ping` comes back.
+pub async fn websocket(addr: SocketAddr) -> WebSocketStream<TcpStream> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut ws, res) = within(
+        "websocket handshake",
+        tokio_tungstenite::client_async("ws://hello.example.com/ws", stream),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 101);
+    ws.send(Message::text("ping")).await.unwrap();
+    let echoed = within("echo", ws.next()).await.unwrap().unwrap();
+    assert_eq!(echoed, Message::text("ping"));
+    ws
 }
