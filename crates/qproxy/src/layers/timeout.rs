@@ -267,9 +267,15 @@ impl<B> TimeoutBody<B> {
     }
 
     fn started(body: B, clock: Clock) -> Self {
-        let now = Instant::now();
-        let overall = clock.overall_after_start();
+        // The clock is read only if the idle timeout needs the time of this
+        // first write.
         let idle = clock.timeouts.idle;
+        let now = if idle.is_some() {
+            Instant::now()
+        } else {
+            clock.started
+        };
+        let overall = clock.overall_after_start();
         let first = [overall, idle.map(|d| now + d)].into_iter().flatten().min();
         TimeoutBody {
             body,
