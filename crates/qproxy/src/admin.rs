@@ -2,14 +2,16 @@
 //! (9090) and user metrics (9091).
 //!
 //! Each answers like Go's `http.ServeMux` with one route: its path, any
-//! method; anything else is `404 page not found`. The handlers behind the
-//! routes are placeholders until the drain, stats and metrics pieces fill
-//! them: `/wait-for-drain` and the stats `/metrics` answer `501`, the user
-//! metrics `/metrics` an empty Prometheus exposition.
+//! method; anything else is `404 page not found`. The stats `/metrics`
+//! serves the latest autoscaler `Stat`; the others are placeholders until
+//! the drain and metrics pieces fill them: `/wait-for-drain` answers `501`,
+//! the user metrics `/metrics` an empty Prometheus exposition.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
-use http::header::{CONTENT_TYPE, HeaderValue};
+use autoscaler_client::Reporter;
+use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
@@ -29,23 +31,62 @@ pub async fn admin(req: Request<Incoming>) -> Result<Response<Body>, Infallible>
     })
 }
 
-/// Autoscaler stats server on 9090.
-pub async fn stats(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    Ok(match req.uri().path() {
-        METRICS => not_implemented(),
-        _ => not_found(),
-    })
+/// What the autoscaler stats server on 9090 serves.
+#[derive(Debug, Clone)]
+pub struct StatsEndpoint {
+    /// The latest stat.
+    pub reporter: Arc<Reporter>,
+    /// Labels of the Prometheus rendering: the revision and the pod.
+    pub labels: Arc<[(&'static str, String)]>,
 }
+
+impl StatsEndpoint {
+    /// Answers `req`: the latest `Stat` as protobuf (what Knative's
+    /// autoscaler asks for, and the default), or as Prometheus gauges when
+    /// the client asks for `text/plain` and not for protobuf.
+    pub fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
+        if req.uri().path() != METRICS {
+            return not_found();
+        }
+        let accept = req
+            .headers()
+            .get_all(ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(",");
+        let text = accept.contains("text/plain") && !accept.contains(PROTOBUF);
+        let (content_type, body) = if text {
+            let labels: Vec<_> = self.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            (
+                PROMETHEUS_TEXT,
+                Body::full(self.reporter.prometheus_text(&labels)),
+            )
+        } else {
+            (
+                PROTOBUF,
+                Body::full(self.reporter.latest().protobuf.clone()),
+            )
+        };
+        let mut res = Response::new(body);
+        res.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        res
+    }
+}
+
+/// Knative's `ProtobufMIMEType`.
+const PROTOBUF: &str = "application/protobuf";
+/// The Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// User metrics server on 9091 (Prometheus text).
 pub async fn metrics(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     Ok(match req.uri().path() {
         METRICS => {
             let mut res = Response::new(Body::empty());
-            res.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
+            res.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
             res
         }
         _ => not_found(),

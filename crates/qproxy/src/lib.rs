@@ -29,6 +29,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -41,6 +42,40 @@ use crate::layers::server_rules::ServerRulesLayer;
 use crate::proxy::Upstream;
 use crate::server::{Listener, admin_builder, main_builder, serve};
 use crate::stack::Shared;
+
+/// How often the autoscaler's `Stat` is renewed, as in Knative.
+pub const REPORTING_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Every [`REPORTING_PERIOD`], takes a report of `stats` and publishes it,
+/// as Knative's queue-proxy does with a ticker.
+async fn report_every_period(
+    stats: Arc<RequestStats>,
+    clock: MonotonicClock,
+    reporter: Arc<Reporter>,
+) {
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + REPORTING_PERIOD,
+        REPORTING_PERIOD,
+    );
+    // Like Go's ticker: a late tick is not made up for with a burst.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let now = clock.now();
+        reporter.publish(&stats.report(now), now);
+    }
+}
+
+/// The labels of the Prometheus rendering of the stats, as Knative's
+/// former Prometheus stats reporter had them.
+fn stats_labels(revision: &config::Revision) -> Vec<(&'static str, String)> {
+    vec![
+        ("destination_namespace", revision.namespace.clone()),
+        ("destination_configuration", revision.configuration.clone()),
+        ("destination_revision", revision.name.clone()),
+        ("destination_pod", revision.pod.clone()),
+    ]
+}
 
 /// A type-erased error, as hyper takes from bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -120,6 +155,7 @@ impl Server {
     /// and waits for the requests in flight.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let config = self.config;
+        let clock = MonotonicClock::new();
         let shared = Shared {
             upstream: Arc::new(Upstream::new(
                 config.ports.user,
@@ -128,6 +164,17 @@ impl Server {
             breaker: layers::concurrency::breaker(config.container_concurrency),
             timeouts: config.timeouts,
             generation: config.observability.generation(),
+            stats: Arc::new(RequestStats::new(clock.now())),
+            clock,
+        };
+        let reporter = Arc::new(Reporter::new(
+            config.revision.pod.clone(),
+            clock.now(),
+            REPORTING_PERIOD.as_secs_f64(),
+        ));
+        let stats_endpoint = admin::StatsEndpoint {
+            reporter: reporter.clone(),
+            labels: stats_labels(&config.revision).into(),
         };
         let graceful = Arc::new(GracefulShutdown::new());
         let (stop, stopped) = watch::channel(false);
@@ -139,6 +186,7 @@ impl Server {
             "Starting queue-proxy"
         );
         let mut servers = JoinSet::new();
+        let reporting = tokio::spawn(report_every_period(shared.stats.clone(), clock, reporter));
         servers.spawn(serve(
             self.main,
             main_builder(),
@@ -156,7 +204,13 @@ impl Server {
         servers.spawn(serve(
             self.stats,
             admin_builder(),
-            |_| ServerRulesLayer.layer(service_fn(admin::stats)),
+            move |_| {
+                let endpoint = stats_endpoint.clone();
+                ServerRulesLayer.layer(service_fn(move |req| {
+                    let res = endpoint.answer(&req);
+                    async move { Ok::<_, std::convert::Infallible>(res) }
+                }))
+            },
             graceful.clone(),
             stopped.clone(),
         ));
@@ -174,6 +228,7 @@ impl Server {
         tracing::info!("Received TERM signal, attempting to gracefully shutdown servers.");
         let _ = stop.send(true);
         while servers.join_next().await.is_some() {}
+        reporting.abort();
         if let Some(graceful) = Arc::into_inner(graceful) {
             graceful.shutdown().await;
         }

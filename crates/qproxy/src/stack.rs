@@ -15,7 +15,7 @@
 //! | route tag                  | *(observability)*               |
 //! | timeouts                   | [`TimeoutLayer`]                |
 //! | forwarded shim             | [`ForwardedShim`]               |
-//! | stats                      | *(autoscaler stats)*            |
+//! | stats                      | [`StatsLayer`]                  |
 //! | `K-Original-Host` rewrite  | [`HostRewrite`]                 |
 //! | breaker                    | [`concurrency::layer`]          |
 //! | app request metrics        | *(observability)*               |
@@ -37,6 +37,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
+use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
 use crate::body::Body;
@@ -47,13 +48,14 @@ use crate::layers::concurrency;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::server_rules::ServerRulesLayer;
+use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::upgrade::UpgradeHoldLayer;
 use crate::proxy::{Proxy, Upstream};
 use crate::server::Conn;
 
 /// The response body of the main port.
-pub type MainBody = TimeoutBody<PermitBody<Body>>;
+pub type MainBody = TimeoutBody<StatsBody<PermitBody<Body>>>;
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
@@ -66,6 +68,10 @@ pub struct Shared {
     pub timeouts: Timeouts,
     /// Which Knative started us, for the timeouts' rules.
     pub generation: Generation,
+    /// The autoscaler's request statistics.
+    pub stats: Arc<RequestStats>,
+    /// The clock of those statistics.
+    pub clock: MonotonicClock,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -85,6 +91,7 @@ pub fn main_service(
         .layer(UpgradeHoldLayer)
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(RewriteLayer::new(ForwardedShim))
+        .layer(StatsLayer::new(shared.stats.clone(), shared.clock))
         .layer(RewriteLayer::new(HostRewrite))
         .layer(concurrency::layer(shared.breaker.clone()))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))

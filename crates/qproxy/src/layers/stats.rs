@@ -1,0 +1,187 @@
+//! The autoscaler's request statistics, recorded where Knative's
+//! `ProxyHandler` records them.
+//!
+//! Every request but a kubelet probe is counted in when it reaches this
+//! layer (as *proxied* when `K-Proxy-Request: activator` says the activator
+//! sent it) and out exactly once: when its response body has been sent,
+//! when it is cancelled (the client went away, a timeout fired), or, for
+//! an upgraded connection, when the tunnel closes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
+use http::{Request, Response};
+use http_body::{Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::body::Body;
+use crate::headers::{K_PROXY_REQUEST, is_kubelet_probe};
+
+/// The `K-Proxy-Request` value of requests the activator forwards.
+const ACTIVATOR: &str = "activator";
+
+/// Adds [`Stats`] to a stack.
+#[derive(Debug, Clone)]
+pub struct StatsLayer {
+    stats: Arc<RequestStats>,
+    clock: MonotonicClock,
+}
+
+impl StatsLayer {
+    /// Records into `stats`, with times from `clock`.
+    pub fn new(stats: Arc<RequestStats>, clock: MonotonicClock) -> Self {
+        Self { stats, clock }
+    }
+}
+
+impl<S> Layer<S> for StatsLayer {
+    type Service = Stats<S>;
+
+    fn layer(&self, inner: S) -> Stats<S> {
+        Stats {
+            inner,
+            stats: self.stats.clone(),
+            clock: self.clock,
+        }
+    }
+}
+
+/// Records each request's in and out events; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Stats<S> {
+    inner: S,
+    stats: Arc<RequestStats>,
+    clock: MonotonicClock,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Stats<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = Response<StatsBody<ResBody>>;
+    type Error = S::Error;
+    type Future = StatsFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let guard = (!is_kubelet_probe(req.headers())).then(|| {
+            let proxied = req
+                .headers()
+                .get(K_PROXY_REQUEST)
+                .is_some_and(|v| v == ACTIVATOR);
+            InFlight::enter(self.stats.clone(), self.clock, proxied)
+        });
+        StatsFuture {
+            inner: self.inner.call(req),
+            guard,
+        }
+    }
+}
+
+/// A request counted in; dropping it counts it out.
+#[derive(Debug)]
+struct InFlight {
+    stats: Arc<RequestStats>,
+    clock: MonotonicClock,
+    proxied: bool,
+}
+
+impl InFlight {
+    fn enter(stats: Arc<RequestStats>, clock: MonotonicClock, proxied: bool) -> Self {
+        let event = if proxied { Event::ProxiedIn } else { Event::In };
+        stats.record(event, clock.now());
+        InFlight {
+            stats,
+            clock,
+            proxied,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let event = if self.proxied {
+            Event::ProxiedOut
+        } else {
+            Event::Out
+        };
+        self.stats.record(event, self.clock.now());
+    }
+}
+
+pin_project! {
+    /// The response of [`Stats`].
+    pub struct StatsFuture<F> {
+        #[pin]
+        inner: F,
+        guard: Option<InFlight>,
+    }
+}
+
+impl<F, B, E> Future for StatsFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<StatsBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let res = std::task::ready!(this.inner.poll(cx))?;
+        let guard = this.guard.take();
+        Poll::Ready(Ok(res.map(|body| StatsBody { body, guard })))
+    }
+}
+
+pin_project! {
+    /// A response body that counts its request out when it ends or is
+    /// dropped.
+    pub struct StatsBody<B> {
+        #[pin]
+        body: B,
+        guard: Option<InFlight>,
+    }
+}
+
+impl<B> From<Body> for StatsBody<B>
+where
+    B: From<Body>,
+{
+    fn from(body: Body) -> Self {
+        StatsBody {
+            body: B::from(body),
+            guard: None,
+        }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for StatsBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            this.guard.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

@@ -1,0 +1,158 @@
+//! The autoscaler's stats on 9090 through the real binary: what Knative's
+//! autoscaler decodes, under a known load.
+
+mod common;
+
+use std::time::Duration;
+
+use autoscaler_client::Stat;
+use common::*;
+use futures_util::StreamExt;
+use http::{Request, StatusCode};
+use prost::Message;
+
+/// Scrapes the stats port as Knative's autoscaler does.
+async fn scrape(qp: &QProxy) -> Stat {
+    let req = Request::get("/metrics")
+        .header("accept", "application/protobuf")
+        .body(empty())
+        .unwrap();
+    let res = h1(qp.stats, req).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["content-type"], "application/protobuf");
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    Stat::decode(body).expect("a Stat")
+}
+
+/// Scrapes until a stat satisfies `pred` (a new one comes every second).
+async fn wait_for_stat(qp: &QProxy, what: &str, pred: impl Fn(&Stat) -> bool) -> Stat {
+    within(what, async {
+        let mut every = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            every.tick().await;
+            let stat = scrape(qp).await;
+            if pred(&stat) {
+                return stat;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrency_and_the_proxied_part_under_a_known_load() {
+    let (app, mut arrived) = App::holding("done").await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    // The first scrape: only the pod's name, unless a report already came.
+    let first = scrape(&qp).await;
+    assert_eq!(first.pod_name, "hello-00001-deployment-6d8d4bd5b-x7k2p");
+    if first.process_uptime == 0.0 {
+        assert_eq!(
+            first,
+            Stat {
+                pod_name: first.pod_name.clone(),
+                ..Stat::default()
+            }
+        );
+    }
+
+    // Five requests held at the app, two of them through the activator,
+    // and a kubelet probe, which does not count.
+    let mut clients = Vec::new();
+    for headers in [
+        vec![],
+        vec![],
+        vec![],
+        vec![("k-proxy-request", "activator")],
+        vec![("k-proxy-request", "activator")],
+        vec![("k-kubelet-probe", "queue")],
+    ] {
+        let addr = qp.main;
+        clients.push(tokio::spawn(async move {
+            text(h1(addr, get("/", &headers)).await).await
+        }));
+    }
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(
+            within("a request at the app", arrived.recv())
+                .await
+                .unwrap(),
+        );
+    }
+
+    // A whole period with them all in flight reads exactly 5 and 2.
+    let stat = wait_for_stat(&qp, "a full period at 5", |s| {
+        s.average_concurrent_requests == 5.0
+    })
+    .await;
+    assert_eq!(stat.average_proxied_concurrent_requests, 2.0);
+    assert_eq!(stat.pod_name, "hello-00001-deployment-6d8d4bd5b-x7k2p");
+    assert!(stat.process_uptime > 0.0);
+    assert_eq!(stat.timestamp, 0);
+
+    // Prometheus gauges for whoever asks for text.
+    let req = Request::get("/metrics")
+        .header("accept", "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+        .body(empty())
+        .unwrap();
+    let res = h1(qp.stats, req).await;
+    assert_eq!(
+        res.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = text(res).await;
+    assert!(
+        text.contains("queue_average_proxied_concurrent_requests{destination_namespace=\"default\",destination_configuration=\"hello\",destination_revision=\"hello-00001\",destination_pod=\"hello-00001-deployment-6d8d4bd5b-x7k2p\"} "),
+        "{text}"
+    );
+
+    // Once they finish, a period goes by with nothing in flight.
+    for release in held {
+        release.send(()).unwrap();
+    }
+    for client in clients {
+        assert_eq!(within("response", client).await.unwrap(), "done");
+    }
+    wait_for_stat(&qp, "an idle period", |s| {
+        s.process_uptime > stat.process_uptime
+            && s.average_concurrent_requests == 0.0
+            && s.request_count == 0.0
+    })
+    .await;
+
+    // Only /metrics is served.
+    let res = h1(qp.stats, get("/", &[])).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upgraded_connection_counts_until_it_closes() {
+    let port = raw_app(|stream| async move {
+        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+            return;
+        };
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_close() {
+                break;
+            }
+            let _ = futures_util::SinkExt::send(&mut ws, msg).await;
+        }
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+    let ws = websocket(qp.main).await;
+    let open = wait_for_stat(&qp, "a period with the tunnel open", |s| {
+        s.average_concurrent_requests == 1.0
+    })
+    .await;
+    drop(ws);
+    wait_for_stat(&qp, "a period after it closed", |s| {
+        s.average_concurrent_requests == 0.0 && s.process_uptime > open.process_uptime
+    })
+    .await;
+}
