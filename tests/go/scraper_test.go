@@ -94,6 +94,12 @@ func TestKnativeScraperReadsQProxyStats(t *testing.T) {
 	go app.ListenAndServe()
 	defer app.Close()
 
+	// The scraper always asks port 9090: it must be qproxy's.
+	if c, err := net.Dial("tcp", "127.0.0.1:9090"); err == nil {
+		c.Close()
+		t.Fatal("port 9090 is in use by another process")
+	}
+
 	mainPort := freePort(t)
 	qp := exec.Command(bin)
 	qp.Env = []string{

@@ -288,21 +288,33 @@ impl RequestStats {
     }
 
     /// The figures since the previous report (or the start), as of `now`;
-    /// the next window starts at `now`.
+    /// the next window starts where this one ends.
+    ///
+    /// As in Knative, a window ends at `now` or at the last event recorded,
+    /// whichever is later: every shard's integral is carried to that one
+    /// time, so that a thread's own count (which drifts as requests move
+    /// between threads) never weighs on the figures.
     pub fn report(&self, now: Nanos) -> Report {
-        let mut totals = Totals::default();
-        for shard in self.shards.iter() {
-            totals.add(&shard.snapshot().at(now));
-        }
-        let overflow = *self.overflow.lock().unwrap_or_else(PoisonError::into_inner);
-        totals.add(&overflow.at(now));
-
+        // One report at a time: each subtracts the totals of the last.
         let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shards: Vec<Totals> = self.shards.iter().map(Shard::snapshot).collect();
+        shards.push(*self.overflow.lock().unwrap_or_else(PoisonError::into_inner));
+        let end = shards
+            .iter()
+            .map(|t| t.last_change)
+            .fold(now.max(window.start), Nanos::max);
+        let mut totals = Totals::default();
+        for shard in &shards {
+            totals.add(&shard.at(end));
+        }
+
         let prev = window.totals;
-        let span = now.saturating_sub(window.start);
+        let span = end - window.start;
         let mut report = Report {
-            request_count: (totals.requests - prev.requests) as f64,
-            proxied_request_count: (totals.proxied_requests - prev.proxied_requests) as f64,
+            request_count: totals.requests.saturating_sub(prev.requests) as f64,
+            proxied_request_count: totals
+                .proxied_requests
+                .saturating_sub(prev.proxied_requests) as f64,
             ..Report::default()
         };
         if span > 0 {
@@ -311,7 +323,7 @@ impl RequestStats {
             report.average_proxied_concurrency =
                 (totals.proxied_integral - prev.proxied_integral) as f64 / span;
         }
-        window.start = window.start.max(now);
+        window.start = end;
         window.totals = totals;
         report
     }
@@ -407,28 +419,51 @@ mod tests {
 
     #[test]
     fn concurrent_recording_loses_nothing() {
+        // Four threads, each with at most one request in flight, on one
+        // shared clock; reports taken meanwhile.
         let stats = RequestStats::new(0);
+        let clock = AtomicU64::new(1);
         let mut counted = 0.0;
         std::thread::scope(|s| {
-            for t in 0..4u64 {
-                let stats = &stats;
+            for _ in 0..4 {
+                let (stats, clock) = (&stats, &clock);
                 s.spawn(move || {
-                    for i in 0..10_000u64 {
-                        let at = t * 100_000 + i * 2;
-                        stats.record(Event::In, at);
-                        stats.record(Event::Out, at + 1);
+                    for _ in 0..10_000 {
+                        stats.record(Event::In, clock.fetch_add(1, Ordering::SeqCst));
+                        stats.record(Event::Out, clock.fetch_add(1, Ordering::SeqCst));
                     }
                 });
             }
-            // Reports taken while they record see each request once.
-            for _ in 0..100 {
-                counted += stats.report(0).request_count;
+            for _ in 0..200 {
+                let r = stats.report(clock.load(Ordering::SeqCst));
+                // Never more than the four requests possible, nor fewer
+                // than none (a torn read would be far off).
+                assert!((0.0..=4.0).contains(&r.average_concurrency), "{r:?}");
+                counted += r.request_count;
             }
         });
-        let r = stats.report(10 * S);
+        let r = stats.report(clock.load(Ordering::SeqCst));
         assert_eq!(counted + r.request_count, 40_000.0);
         // Every request went out again.
-        assert_eq!(stats.report(11 * S).average_concurrency, 0.0);
+        let later = clock.load(Ordering::SeqCst) + S;
+        assert_eq!(stats.report(later).average_concurrency, 0.0);
+    }
+
+    #[test]
+    fn a_late_event_on_another_shard_does_not_skew_the_window() {
+        // Shard 0 holds +3 and shard 1 -3 (requests that moved threads):
+        // nothing is in flight. An event on shard 1 recorded after the
+        // report's `now` must not make the window negative.
+        let stats = RequestStats::new(0);
+        for _ in 0..3 {
+            stats.record_in(0, Event::In, 0);
+            stats.record_in(1, Event::Out, 0);
+        }
+        stats.record_in(1, Event::In, 10 * S + 4 * MS);
+        stats.record_in(1, Event::Out, 10 * S + 4 * MS);
+        let r = stats.report(10 * S);
+        assert_eq!(r.average_concurrency, 0.0);
+        assert_eq!(r.request_count, 4.0);
     }
 
     /// Knative's `RequestStats`, written the straightforward way.

@@ -57,8 +57,9 @@ async fn report_every_period(
         tokio::time::Instant::now() + REPORTING_PERIOD,
         REPORTING_PERIOD,
     );
-    // Like Go's ticker: a late tick is not made up for with a burst.
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Like Go's ticker: ticks missed while late are dropped, and the
+    // schedule is kept.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         ticker.tick().await;
         let now = clock.now();

@@ -156,3 +156,22 @@ async fn an_upgraded_connection_counts_until_it_closes() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_the_client_abandons_counts_out() {
+    let (app, mut arrived) = App::holding("done").await;
+    let qp = QProxy::start(app.port(), &[]);
+    let addr = qp.main;
+    let client = tokio::spawn(async move { h1(addr, get("/", &[])).await });
+    let _held = within("the request at the app", arrived.recv()).await;
+    let busy = wait_for_stat(&qp, "a period with it in flight", |s| {
+        s.average_concurrent_requests == 1.0
+    })
+    .await;
+    // The client goes away while the app still holds the request.
+    client.abort();
+    wait_for_stat(&qp, "a period after it left", |s| {
+        s.average_concurrent_requests == 0.0 && s.process_uptime > busy.process_uptime
+    })
+    .await;
+}
