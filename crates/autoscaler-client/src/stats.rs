@@ -352,6 +352,20 @@ mod tests {
     }
 
     #[test]
+    fn driven_by_a_manual_clock() {
+        use crate::{Clock, ManualClock};
+        let clock = ManualClock::at(5 * S);
+        let stats = RequestStats::new(clock.now());
+        stats.record(Event::ProxiedIn, clock.now());
+        clock.advance(250 * MS);
+        stats.record(Event::ProxiedOut, clock.now());
+        clock.advance(750 * MS);
+        let r = stats.report(clock.now());
+        assert_eq!(r.average_proxied_concurrency, 0.25);
+        assert_eq!(r.proxied_request_count, 1.0);
+    }
+
+    #[test]
     fn overlapping_requests() {
         // One request for [0, 600ms], another for [300ms, 1s]:
         // 0.3 s at 1, 0.3 s at 2, 0.4 s at 1 → 1.3.

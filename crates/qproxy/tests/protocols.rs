@@ -47,16 +47,7 @@ async fn h1_and_h2c_share_the_main_port() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn websocket_echo_through_the_tunnel() {
-    let port = raw_app(|stream| async move {
-        let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
-        while let Some(Ok(msg)) = ws.next().await {
-            if msg.is_close() {
-                break;
-            }
-            ws.send(msg).await.unwrap();
-        }
-    })
-    .await;
+    let port = websocket_echo_app().await;
     let qp = QProxy::start(port, &[]);
 
     let mut ws = websocket(qp.main).await;

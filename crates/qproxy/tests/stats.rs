@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use autoscaler_client::Stat;
 use common::*;
-use futures_util::StreamExt;
 use http::{Request, StatusCode};
 use prost::Message;
 
@@ -132,18 +131,7 @@ async fn concurrency_and_the_proxied_part_under_a_known_load() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upgraded_connection_counts_until_it_closes() {
-    let port = raw_app(|stream| async move {
-        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-            return;
-        };
-        while let Some(Ok(msg)) = ws.next().await {
-            if msg.is_close() {
-                break;
-            }
-            let _ = futures_util::SinkExt::send(&mut ws, msg).await;
-        }
-    })
-    .await;
+    let port = websocket_echo_app().await;
     let qp = QProxy::start(port, &[]);
     let ws = websocket(qp.main).await;
     let open = wait_for_stat(&qp, "a period with the tunnel open", |s| {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use futures_util::{SinkExt, StreamExt, stream};
+use futures_util::{StreamExt, stream};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -242,17 +242,7 @@ async fn response_start_timeout_no_longer_applies_once_started() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upgraded_connection_closes_at_the_timeout() {
-    let port = raw_app(|stream| async move {
-        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-            return;
-        };
-        while let Some(Ok(msg)) = ws.next().await {
-            if msg.is_close() || ws.send(msg).await.is_err() {
-                break;
-            }
-        }
-    })
-    .await;
+    let port = websocket_echo_app().await;
     let qp = QProxy::start(
         port,
         &[

@@ -583,3 +583,19 @@ pub async fn websocket(addr: SocketAddr) -> WebSocketStream<TcpStream> {
     assert_eq!(echoed, Message::text("ping"));
     ws
 }
+
+/// A WebSocket app on loopback echoing every message until the client
+/// closes. Returns its port.
+pub async fn websocket_echo_app() -> u16 {
+    raw_app(|stream| async move {
+        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+            return;
+        };
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_close() || ws.send(msg).await.is_err() {
+                break;
+            }
+        }
+    })
+    .await
+}
