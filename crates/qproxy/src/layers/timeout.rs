@@ -27,7 +27,7 @@
 //! An upgraded connection (WebSocket) is not a response that writes: as in
 //! Knative, it is closed when the earliest of the three timeouts, counted
 //! from the request, expires. The layer tells the proxy when through the
-//! request's [`TunnelDeadline`] extension.
+//! [`TunnelDeadline`] extension of each request that asks to upgrade.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,7 +36,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue, UPGRADE};
 use http::{Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -108,7 +108,11 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let clock = Clock::start(self.timeouts, self.generation);
         let (deadline, _) = clock.before_start();
-        req.extensions_mut().insert(TunnelDeadline(deadline));
+        // Only a request asking to upgrade can open a tunnel; the others
+        // are spared the allocation of an extensions map.
+        if req.headers().contains_key(UPGRADE) {
+            req.extensions_mut().insert(TunnelDeadline(deadline));
+        }
         TimeoutFuture {
             inner: self.inner.call(req),
             sleep: sleep_until(deadline),
