@@ -182,11 +182,6 @@ impl<B> PermitBody<B> {
     pub fn new(body: B) -> Self {
         PermitBody { body, permit: None }
     }
-
-    /// Whether the body still holds a slot.
-    pub fn holds_permit(&self) -> bool {
-        self.permit.is_some()
-    }
 }
 
 impl<B: Body> Body for PermitBody<B> {

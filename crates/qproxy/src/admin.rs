@@ -48,14 +48,14 @@ impl StatsEndpoint {
         if req.uri().path() != METRICS {
             return not_found();
         }
-        let accept = req
-            .headers()
-            .get_all(ACCEPT)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect::<Vec<_>>()
-            .join(",");
-        let text = accept.contains("text/plain") && !accept.contains(PROTOBUF);
+        let asks_for = |media: &str| {
+            req.headers()
+                .get_all(ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(|v| v.contains(media))
+        };
+        let text = asks_for("text/plain") && !asks_for(PROTOBUF);
         let (content_type, body) = if text {
             let labels: Vec<_> = self.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
             (

@@ -244,15 +244,31 @@ pin_project! {
     pub struct TimeoutBody<B> {
         #[pin]
         body: B,
-        // `None` when no timeout applies any more.
+        // Armed for the earliest deadline; `None` when none applies.
         #[pin]
         sleep: Option<Sleep>,
-        overall: Option<Instant>,
-        idle: Option<Duration>,
-        last_write: Instant,
-        clock: Option<Clock>,
+        // `None` when no timeout applies (qproxy's own answers, or classic
+        // Knative without an idle timeout).
+        running: Option<Running>,
         // Set once a timeout fired.
         timed_out: bool,
+    }
+}
+
+/// What a started response is timed by.
+#[derive(Debug, Clone, Copy)]
+struct Running {
+    clock: Clock,
+    last_write: Instant,
+}
+
+impl Running {
+    fn overall(&self) -> Option<Instant> {
+        self.clock.overall_after_start()
+    }
+
+    fn idle_deadline(&self) -> Option<Instant> {
+        self.clock.timeouts.idle.map(|d| self.last_write + d)
     }
 }
 
@@ -262,10 +278,7 @@ impl<B> TimeoutBody<B> {
         TimeoutBody {
             body,
             sleep: None,
-            overall: None,
-            idle: None,
-            last_write: Instant::now(),
-            clock: None,
+            running: None,
             timed_out: false,
         }
     }
@@ -273,21 +286,20 @@ impl<B> TimeoutBody<B> {
     fn started(body: B, clock: Clock) -> Self {
         // The clock is read only if the idle timeout needs the time of this
         // first write.
-        let idle = clock.timeouts.idle;
-        let now = if idle.is_some() {
+        let last_write = if clock.timeouts.idle.is_some() {
             Instant::now()
         } else {
             clock.started
         };
-        let overall = clock.overall_after_start();
-        let first = [overall, idle.map(|d| now + d)].into_iter().flatten().min();
+        let running = Running { clock, last_write };
+        let first = [running.overall(), running.idle_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
         TimeoutBody {
             body,
             sleep: first.map(sleep_until),
-            overall,
-            idle,
-            last_write: now,
-            clock: Some(clock),
+            running: first.map(|_| running),
             timed_out: false,
         }
     }
@@ -296,8 +308,8 @@ impl<B> TimeoutBody<B> {
 impl<B> TimeoutBodyProj<'_, B> {
     /// Ends the body: logs the timeout and fails every later poll.
     fn fire<T>(&mut self, fired: Fired) -> Poll<Option<Result<T, crate::BoxError>>> {
-        if let Some(clock) = self.clock {
-            clock.log(fired);
+        if let Some(running) = self.running {
+            running.clock.log(fired);
         }
         tracing::debug!(?fired, "response cut short by a timeout");
         *self.timed_out = true;
@@ -330,24 +342,24 @@ where
         if *this.timed_out {
             return Poll::Ready(Some(Err(TimedOut.into())));
         }
-        match this.body.as_mut().poll_frame(cx) {
+        let polled = this.body.as_mut().poll_frame(cx).map_err(Into::into);
+        let Some(running) = this.running.as_mut() else {
+            return polled;
+        };
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if this.overall.is_none() && this.idle.is_none() {
-                    return Poll::Ready(Some(Ok(frame)));
-                }
                 let now = Instant::now();
                 // A body that is always ready never lets the timer run:
                 // past the overall deadline, the write fails as in Go.
-                if this.overall.is_some_and(|d| now >= d) {
+                if running.overall().is_some_and(|d| now >= d) {
                     return this.fire(Fired::Overall);
                 }
                 if frame.data_ref().is_some_and(|d| !d.is_empty()) {
-                    *this.last_write = now;
+                    running.last_write = now;
                 }
                 return Poll::Ready(Some(Ok(frame)));
             }
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Ready(other) => return Poll::Ready(other),
             Poll::Pending => {}
         }
         let Some(mut sleep) = this.sleep.as_mut().as_pin_mut() else {
@@ -360,14 +372,13 @@ where
             // The timer only says "maybe": the idle deadline moves with
             // every write, and the timer is re-armed lazily, as Go does.
             let now = Instant::now();
-            let idle_deadline = this.idle.map(|d| *this.last_write + d);
-            let fired = if this.overall.is_some_and(|d| now >= d) {
+            let (overall, idle) = (running.overall(), running.idle_deadline());
+            let fired = if overall.is_some_and(|d| now >= d) {
                 Fired::Overall
-            } else if idle_deadline.is_some_and(|d| now >= d) {
+            } else if idle.is_some_and(|d| now >= d) {
                 Fired::Idle
             } else {
-                let next = [*this.overall, idle_deadline].into_iter().flatten().min();
-                match next {
+                match [overall, idle].into_iter().flatten().min() {
                     Some(next) => {
                         sleep.as_mut().reset(next);
                         continue;
@@ -460,7 +471,7 @@ mod tests {
         );
         // Classic with no idle timeout: nothing left to time.
         let body = TimeoutBody::started(Body::empty(), Clock::start(t, Generation::Classic));
-        assert!(body.sleep.is_none());
+        assert!(body.sleep.is_none() && body.running.is_none());
     }
 
     #[tokio::test(start_paused = true)]
