@@ -83,12 +83,7 @@ struct Totals {
 
 impl Totals {
     fn record(&mut self, event: Event, now: Nanos) {
-        if now > self.last_change {
-            let dt = i128::from(now - self.last_change);
-            self.integral += i128::from(self.concurrency) * dt;
-            self.proxied_integral += i128::from(self.proxied_concurrency) * dt;
-            self.last_change = now;
-        }
+        *self = self.at(now);
         match event {
             Event::In => {
                 self.concurrency += 1;
