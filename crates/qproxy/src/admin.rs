@@ -2,20 +2,23 @@
 //! (9090) and user metrics (9091).
 //!
 //! Each answers like Go's `http.ServeMux` with one route: its path, any
-//! method; anything else is `404 page not found`. The stats `/metrics`
-//! serves the latest autoscaler `Stat`; the others are placeholders until
-//! the drain and metrics pieces fill them: `/wait-for-drain` answers `501`,
-//! the user metrics `/metrics` an empty Prometheus exposition.
+//! method; anything else is `404 page not found`. `/wait-for-drain` drains
+//! (see [`Admin`]); the stats `/metrics` serves the latest autoscaler
+//! `Stat`; the user metrics `/metrics` is an empty Prometheus exposition
+//! until request metrics fill it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use autoscaler_client::Reporter;
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use tokio::sync::watch;
 
 use crate::body::Body;
+use crate::drain::Drainer;
 use crate::proxy::plain_text;
 
 /// Path of the drain hook the user container's preStop calls.
@@ -23,12 +26,50 @@ pub const WAIT_FOR_DRAIN: &str = "/wait-for-drain";
 /// Path of the stats and metrics endpoints.
 pub const METRICS: &str = "/metrics";
 
-/// Admin server on 8022.
-pub async fn admin(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    Ok(match req.uri().path() {
-        WAIT_FOR_DRAIN => not_implemented(),
-        _ => not_found(),
-    })
+/// How long `/wait-for-drain` waits for `SIGTERM` before calling its
+/// drain off.
+pub const TERM_GRACE: Duration = Duration::from_secs(1);
+
+/// The admin server on 8022.
+///
+/// `/wait-for-drain` is the user container's preStop hook: it starts the
+/// main port's drain (or joins the one under way) and answers an empty
+/// `200` once the drain completes. A preStop hook also runs when the
+/// kubelet restarts a user container that failed its liveness probe, and
+/// then no `SIGTERM` follows: so if none arrives within [`TERM_GRACE`],
+/// the drain is reset and the proxy serves on as before.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// The main port's drain.
+    pub drainer: Drainer,
+    /// Turns `true` once `SIGTERM` (or `SIGINT`) has arrived.
+    pub terminating: watch::Receiver<bool>,
+}
+
+impl Admin {
+    /// Answers `req`.
+    pub async fn answer<B>(self, req: Request<B>) -> Response<Body> {
+        if req.uri().path() != WAIT_FOR_DRAIN {
+            return not_found();
+        }
+        tracing::info!("Attached drain handler from user-container");
+        let Admin {
+            drainer,
+            mut terminating,
+        } = self;
+        let reset = drainer.clone();
+        tokio::spawn(async move {
+            let term = async {
+                // A closed channel means the process is stopping anyway.
+                let _ = terminating.wait_for(|t| *t).await;
+            };
+            if tokio::time::timeout(TERM_GRACE, term).await.is_err() {
+                reset.reset();
+            }
+        });
+        drainer.drain().await;
+        Response::new(Body::empty())
+    }
 }
 
 /// What the autoscaler stats server on 9090 serves.
@@ -96,8 +137,4 @@ pub async fn metrics(req: Request<Incoming>) -> Result<Response<Body>, Infallibl
 /// Go's `http.NotFound`.
 pub fn not_found() -> Response<Body> {
     plain_text(StatusCode::NOT_FOUND, "404 page not found\n")
-}
-
-fn not_implemented() -> Response<Body> {
-    plain_text(StatusCode::NOT_IMPLEMENTED, "not implemented yet\n")
 }

@@ -44,6 +44,8 @@ pub async fn run() -> Result<(), Error> {
     tokio::spawn(serve_app(app));
 
     let mut vars = knative_defaults(app_addr.port());
+    // Nothing routes to the demo but its user: Ctrl-C needs no quiet period.
+    vars.set("QPROXY_DRAIN_QUIET_SECONDS", "0");
     for (var, port) in [
         ("QUEUE_SERVING_PORT", 8012),
         ("QPROXY_ADMIN_PORT", 8022),

@@ -10,6 +10,8 @@
 //! - [`stack`]: the request layers of the main port, in Knative's order.
 //! - [`layers`]: one module per layer.
 //! - [`proxy`]: the reverse proxy to the user container.
+//! - [`readiness`]: the user container's readiness probe.
+//! - [`drain`]: stopping without losing a request.
 //! - [`admin`]: the admin, stats and metrics ports.
 //! - [`observe`]: logs in Knative's zap JSON shape.
 //! - [`demo`]: a hello app with qproxy in front, for a first look.
@@ -18,10 +20,12 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod demo;
+pub mod drain;
 pub mod headers;
 pub mod layers;
 pub mod observe;
 pub mod proxy;
+pub mod readiness;
 pub mod server;
 pub mod stack;
 
@@ -38,8 +42,13 @@ use tower::{Layer, service_fn};
 pub use config::{Config, ConfigError};
 pub use server::BindError;
 
+use crate::admin::Admin;
+use crate::drain::Drainer;
 use crate::layers::server_rules::ServerRulesLayer;
+use crate::layers::timeout::go_duration;
+use crate::layers::upgrade::Tunnels;
 use crate::proxy::Upstream;
+use crate::readiness::{HttpOptions, Readiness};
 use crate::server::{Listener, admin_builder, main_builder, serve};
 use crate::stack::Shared;
 
@@ -152,11 +161,23 @@ impl Server {
         }
     }
 
-    /// Serves until `shutdown` completes, then stops accepting connections
-    /// and waits for the requests in flight.
+    /// Serves until `shutdown` completes, then drains: health checks fail,
+    /// requests are served until the quiet period passes without one, the
+    /// listeners close, the requests in flight finish, and upgraded
+    /// connections get a bounded grace period.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let config = self.config;
         let clock = MonotonicClock::new();
+        let drainer = Drainer::new(config.drain.quiet);
+        let tunnels = Tunnels::default();
+        let (terminate, terminating) = watch::channel(false);
+        let readiness = Readiness::new(
+            config.readiness_probes.clone(),
+            HttpOptions {
+                auto_detect_http2: config.features.http2_auto_detection,
+                generation: config.observability.generation(),
+            },
+        );
         let shared = Shared {
             upstream: Arc::new(Upstream::new(
                 config.ports.user,
@@ -167,6 +188,13 @@ impl Server {
             generation: config.observability.generation(),
             stats: Arc::new(RequestStats::new(clock.now())),
             clock,
+            drainer: drainer.clone(),
+            readiness,
+            tunnels: tunnels.clone(),
+        };
+        let admin = Admin {
+            drainer: drainer.clone(),
+            terminating,
         };
         let reporter = Arc::new(Reporter::new(
             config.revision.pod.clone(),
@@ -198,7 +226,13 @@ impl Server {
         servers.spawn(serve(
             self.admin,
             admin_builder(),
-            |_| ServerRulesLayer.layer(service_fn(admin::admin)),
+            move |_| {
+                let admin = admin.clone();
+                ServerRulesLayer.layer(service_fn(move |req| {
+                    let admin = admin.clone();
+                    async move { Ok::<_, std::convert::Infallible>(admin.answer(req).await) }
+                }))
+            },
             graceful.clone(),
             stopped.clone(),
         ));
@@ -227,18 +261,39 @@ impl Server {
 
         shutdown.await;
         tracing::info!("Received TERM signal, attempting to gracefully shutdown servers.");
+        tracing::info!(
+            "Sleeping {} to allow K8s propagation of non-ready state",
+            go_duration(config.drain.quiet)
+        );
+        let _ = terminate.send(true);
+        drainer.drain().await;
         let _ = stop.send(true);
         while servers.join_next().await.is_some() {}
         reporting.abort();
         if let Some(graceful) = Arc::into_inner(graceful) {
             graceful.shutdown().await;
         }
+        if tunnels.open() > 0 {
+            tracing::info!(
+                open = tunnels.open(),
+                "Waiting for upgraded connections to close"
+            );
+        }
+        if tokio::time::timeout(config.drain.upgraded, tunnels.all_closed())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = tunnels.open(),
+                "Hijack connection drain failed: context deadline exceeded"
+            );
+        }
         tracing::info!("Shutdown complete, exiting...");
         Ok(())
     }
 }
 
-/// Serves `config` until SIGTERM or SIGINT.
+/// Serves `config` until SIGTERM or SIGINT, then drains and returns.
 pub async fn run(config: Config) -> Result<(), Error> {
     // Signals are watched before any port is served, so that a stop
     // request is never met by the default action (an abrupt exit).
@@ -248,7 +303,9 @@ pub async fn run(config: Config) -> Result<(), Error> {
 
 /// Starts watching for SIGTERM (Kubernetes stopping the pod) and SIGINT
 /// (Ctrl-C) at once; the returned future completes on the first of them.
-/// Must be called within a Tokio runtime.
+/// A second signal, while the first one's drain runs, exits at once with
+/// status 1, as Knative's signal handling does. Must be called within a
+/// Tokio runtime.
 pub fn shutdown_signal() -> Result<impl Future<Output = ()>, Error> {
     use tokio::signal::unix::{SignalKind, signal};
 
@@ -265,5 +322,13 @@ pub fn shutdown_signal() -> Result<impl Future<Output = ()>, Error> {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::error!("Received a second signal, exiting at once");
+            std::process::exit(1);
+        });
     })
 }

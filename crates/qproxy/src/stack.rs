@@ -10,8 +10,8 @@
 //! | (handler lifetimes)        | [`UpgradeHoldLayer`]            |
 //! | tracing / request metrics  | *(observability)*               |
 //! | request log                | *(observability)*               |
-//! | drainer, health checks     | *(probes and drain)*            |
-//! | hijack tracker             | *(probes and drain)*            |
+//! | drainer, health checks     | [`DrainLayer`]                  |
+//! | hijack tracker             | [`UpgradeHoldLayer`]'s [`Tunnels`] |
 //! | route tag                  | *(observability)*               |
 //! | timeouts                   | [`TimeoutLayer`]                |
 //! | forwarded shim             | [`ForwardedShim`]               |
@@ -43,15 +43,18 @@ use breaker::{Breaker, PermitBody};
 use crate::body::Body;
 use crate::config::Generation;
 use crate::config::Timeouts;
+use crate::drain::Drainer;
 use crate::layers::RewriteLayer;
 use crate::layers::concurrency;
+use crate::layers::drain::DrainLayer;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
-use crate::layers::upgrade::UpgradeHoldLayer;
+use crate::layers::upgrade::{Tunnels, UpgradeHoldLayer};
 use crate::proxy::{Proxy, Upstream};
+use crate::readiness::Readiness;
 use crate::server::Conn;
 
 /// The response body of the main port.
@@ -72,6 +75,12 @@ pub struct Shared {
     pub stats: Arc<RequestStats>,
     /// The clock of those statistics.
     pub clock: MonotonicClock,
+    /// The drain of the main port.
+    pub drainer: Drainer,
+    /// The user container's readiness, for health checks.
+    pub readiness: Readiness,
+    /// The upgraded connections open.
+    pub tunnels: Tunnels,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -88,7 +97,11 @@ pub fn main_service(
 + use<> {
     ServiceBuilder::new()
         .layer(ServerRulesLayer)
-        .layer(UpgradeHoldLayer)
+        .layer(UpgradeHoldLayer::new(shared.tunnels.clone()))
+        .layer(DrainLayer::new(
+            shared.drainer.clone(),
+            shared.readiness.clone(),
+        ))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(RewriteLayer::new(ForwardedShim))
         .layer(StatsLayer::new(shared.stats.clone(), shared.clock))

@@ -175,6 +175,20 @@ pub struct Timeouts {
     pub idle: Option<Duration>,
 }
 
+/// How long a drain lasts; qproxy's own settings (Knative's are fixed).
+///
+/// `QPROXY_DRAIN_QUIET_SECONDS` (default 30) is the quiet period: the drain
+/// completes once that long has passed with no request. `0` completes it at
+/// once. `QPROXY_DRAIN_UPGRADED_SECONDS` (default 60) bounds how long, after
+/// the listeners close, upgraded connections (WebSockets) may stay open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainTimes {
+    /// The quiet period.
+    pub quiet: Duration,
+    /// The grace period of upgraded connections.
+    pub upgraded: Duration,
+}
+
 /// Feature switches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Features {
@@ -198,6 +212,8 @@ pub struct Config {
     pub container_concurrency: u32,
     /// Revision timeouts.
     pub timeouts: Timeouts,
+    /// Drain timing.
+    pub drain: DrainTimes,
     /// `SERVING_READINESS_PROBE`: empty when not set.
     pub readiness_probes: Vec<Probe>,
     /// Feature switches.
@@ -254,6 +270,10 @@ impl Config {
             response_start: vars.seconds("REVISION_RESPONSE_START_TIMEOUT_SECONDS")?,
             idle: vars.seconds("REVISION_IDLE_TIMEOUT_SECONDS")?,
         };
+        let drain = DrainTimes {
+            quiet: vars.seconds_or("QPROXY_DRAIN_QUIET_SECONDS", 30)?,
+            upgraded: vars.seconds_or("QPROXY_DRAIN_UPGRADED_SECONDS", 60)?,
+        };
         let mut warnings = Vec::new();
         if timeouts.revision.is_zero() {
             warnings.push(
@@ -284,6 +304,7 @@ impl Config {
             ports,
             container_concurrency,
             timeouts,
+            drain,
             readiness_probes,
             features,
             logging,
@@ -385,6 +406,13 @@ mod tests {
         assert_eq!(c.timeouts.revision, Duration::from_secs(300));
         assert_eq!(c.timeouts.response_start, None);
         assert_eq!(c.timeouts.idle, None);
+        assert_eq!(
+            c.drain,
+            DrainTimes {
+                quiet: Duration::from_secs(30),
+                upgraded: Duration::from_secs(60),
+            }
+        );
         assert!(c.readiness_probes.is_empty());
         assert_eq!(c.features, Features::default());
         assert_eq!(c.observability.generation(), Generation::Classic);
@@ -471,6 +499,8 @@ mod tests {
             ("QPROXY_STATS_PORT", "-9090"),
             ("QPROXY_METRICS_PORT", ""),
             ("QPROXY_PROFILING_PORT", "70000"),
+            ("QPROXY_DRAIN_QUIET_SECONDS", "1s"),
+            ("QPROXY_DRAIN_UPGRADED_SECONDS", "-1"),
         ] {
             let mut vars = defaults();
             vars.set(name, value);

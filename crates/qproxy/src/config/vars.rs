@@ -139,6 +139,19 @@ impl Vars {
         Ok((secs > 0).then(|| Duration::from_secs(secs.into())))
     }
 
+    /// An optional duration in whole seconds, `default` when absent; `0` is
+    /// zero.
+    pub(crate) fn seconds_or(
+        &self,
+        name: &'static str,
+        default: u64,
+    ) -> Result<Duration, ConfigError> {
+        match self.raw(name)? {
+            None => Ok(Duration::from_secs(default)),
+            Some(v) => Ok(Duration::from_secs(parse_count(name, v)?.into())),
+        }
+    }
+
     /// An optional floating point number: absent is `0.0`.
     pub(crate) fn float(&self, name: &'static str) -> Result<f64, ConfigError> {
         match self.raw(name)? {

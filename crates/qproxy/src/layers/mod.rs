@@ -5,6 +5,7 @@
 //! applied with [`RewriteLayer`].
 
 pub mod concurrency;
+pub mod drain;
 pub mod forwarded;
 pub mod host_rewrite;
 pub mod server_rules;

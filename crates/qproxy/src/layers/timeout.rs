@@ -405,7 +405,7 @@ where
 
 /// A whole number of seconds as Go's `time.Duration` prints it: `30s`,
 /// `5m0s`, `1h0m0s`.
-fn go_duration(d: Duration) -> String {
+pub(crate) fn go_duration(d: Duration) -> String {
     let secs = d.as_secs();
     let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
     match (h, m) {

@@ -7,27 +7,96 @@
 //! this layer, outside every layer that holds something, hands the `101`'s
 //! body to the response's [`Tunnel`], which drops it when the connection
 //! closes.
+//!
+//! It also counts the open tunnels in [`Tunnels`], as Knative's hijack
+//! tracker does: a server shutting down waits for them (within a bound),
+//! since they are no longer connections the HTTP server knows of.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::sync::Notify;
 use tower::{Layer, Service};
 
 use crate::body::Body;
 use crate::proxy::Tunnel;
 
+/// The upgraded connections open at one time; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Tunnels {
+    inner: Arc<TunnelCount>,
+}
+
+#[derive(Debug, Default)]
+struct TunnelCount {
+    open: AtomicUsize,
+    all_closed: Notify,
+}
+
+/// Counts one open tunnel until dropped.
+#[derive(Debug)]
+struct OpenTunnel(Arc<TunnelCount>);
+
+impl Drop for OpenTunnel {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.all_closed.notify_waiters();
+        }
+    }
+}
+
+impl Tunnels {
+    /// How many tunnels are open.
+    pub fn open(&self) -> usize {
+        self.inner.open.load(Ordering::Acquire)
+    }
+
+    /// Waits until no tunnel is open.
+    pub async fn all_closed(&self) {
+        loop {
+            let notified = self.inner.all_closed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so no wake-up is missed.
+            notified.as_mut().enable();
+            if self.open() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn opened(&self) -> OpenTunnel {
+        self.inner.open.fetch_add(1, Ordering::AcqRel);
+        OpenTunnel(self.inner.clone())
+    }
+}
+
 /// Adds [`UpgradeHold`] to a stack.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UpgradeHoldLayer;
+#[derive(Debug, Clone, Default)]
+pub struct UpgradeHoldLayer {
+    tunnels: Tunnels,
+}
+
+impl UpgradeHoldLayer {
+    /// Counts the tunnels of the stack in `tunnels`.
+    pub fn new(tunnels: Tunnels) -> Self {
+        Self { tunnels }
+    }
+}
 
 impl<S> Layer<S> for UpgradeHoldLayer {
     type Service = UpgradeHold<S>;
 
     fn layer(&self, inner: S) -> UpgradeHold<S> {
-        UpgradeHold { inner }
+        UpgradeHold {
+            inner,
+            tunnels: self.tunnels.clone(),
+        }
     }
 }
 
@@ -35,6 +104,7 @@ impl<S> Layer<S> for UpgradeHoldLayer {
 #[derive(Debug, Clone)]
 pub struct UpgradeHold<S> {
     inner: S,
+    tunnels: Tunnels,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for UpgradeHold<S>
@@ -53,6 +123,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         HoldFuture {
             inner: self.inner.call(req),
+            tunnels: self.tunnels.clone(),
         }
     }
 }
@@ -62,6 +133,7 @@ pin_project! {
     pub struct HoldFuture<F> {
         #[pin]
         inner: F,
+        tunnels: Tunnels,
     }
 }
 
@@ -73,10 +145,12 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut res = std::task::ready!(self.project().inner.poll(cx))?;
+        let this = self.project();
+        let mut res = std::task::ready!(this.inner.poll(cx))?;
         if let Some(tunnel) = res.extensions_mut().remove::<Tunnel>() {
             let body = std::mem::replace(res.body_mut(), B::from(Body::empty()));
             tunnel.keep(body);
+            tunnel.keep(this.tunnels.opened());
         }
         Poll::Ready(Ok(res))
     }

@@ -1,0 +1,404 @@
+//! `httpGet` readiness probes.
+//!
+//! As the Go queue-proxy sends them: a `GET` of `scheme://host:port/path`
+//! on a fresh connection (`Connection: close` on HTTP/1), with
+//! `User-Agent: kube-probe//`, `Accept-Encoding: gzip` and the probe's
+//! custom headers; redirects are followed (at most 10, Go's client rule);
+//! the final status decides: 2xx and 3xx pass.
+//!
+//! With HTTP/2 auto-detection (`ENABLE_HTTP2_AUTO_DETECTION`) every try
+//! first finds out whether the app speaks h2c, each generation its own way:
+//! - classic (v0.42): an HTTP/1 `OPTIONS` asking to upgrade to h2c; a `101`
+//!   means h2c, and the probe `GET` goes over h2c; a 2xx or 3xx passes
+//!   at once;
+//! - current: a `GET` over h2c; if that fails or is not ready, a `GET` over
+//!   HTTP/1, which passes at once if ready; after a ready h2c answer the
+//!   probe `GET` goes over h2c.
+//!
+//! The detection requests carry no custom headers, as in Knative.
+
+use bytes::Bytes;
+use http::header::{
+    ACCEPT_ENCODING, CONNECTION, HOST, HeaderName, HeaderValue, LOCATION, REFERER, UPGRADE,
+    USER_AGENT,
+};
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::Empty;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use url::Url;
+
+use super::{HttpOptions, PROBE_USER_AGENT, ProbeError, host_or_loopback};
+use crate::config::{Generation, HttpGetAction};
+
+/// Go's client gives up after this many redirects.
+const MAX_REDIRECTS: usize = 10;
+
+/// Why an HTTP probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpProbeError {
+    /// The app answered, but not ready.
+    #[error("HTTP probe did not respond Ready, got status code: {0}")]
+    NotReady(u16),
+    /// The probe's URL does not parse.
+    #[error("error constructing probe url: {0}")]
+    Url(#[from] url::ParseError),
+    /// A scheme other than `http`.
+    #[error("unsupported probe scheme {0:?}")]
+    Scheme(String),
+    /// A custom header that cannot be sent.
+    #[error("invalid probe header {0:?}")]
+    Header(String),
+    /// A redirect's `Location` does not parse.
+    #[error("failed to parse Location header {location:?}: {source}")]
+    Location {
+        /// The header.
+        location: String,
+        /// Why.
+        #[source]
+        source: url::ParseError,
+    },
+    /// Too many redirects.
+    #[error("stopped after {MAX_REDIRECTS} redirects")]
+    Redirects,
+    /// The HTTP exchange failed.
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// HTTP/2 detection failed (classic's wording).
+    #[error("failed to run HTTP2 upgrade probe with error: {0}")]
+    Upgrade(Box<ProbeError>),
+    /// Protocol detection failed (current's wording).
+    #[error("failed to run HTTP protocol probe with error: {0}")]
+    Detection(Box<ProbeError>),
+}
+
+/// Which protocol a request goes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proto {
+    Http1,
+    H2c,
+}
+
+/// A request to send: what varies between the probe and the detection.
+struct Exchange<'a> {
+    proto: Proto,
+    method: Method,
+    /// Headers beyond the ones every probe request has.
+    headers: &'a [(HeaderName, HeaderValue)],
+}
+
+/// Runs one try of `get`.
+pub(super) async fn probe(get: &HttpGetAction, options: HttpOptions) -> Result<(), ProbeError> {
+    let url = probe_url(get)?;
+    let custom = custom_headers(get)?;
+    let proto = if options.auto_detect_http2 {
+        match options.generation {
+            Generation::Classic => match detect_by_upgrade(&url).await {
+                Ok(Some(proto)) => proto,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(HttpProbeError::Upgrade(Box::new(e)).into()),
+            },
+            Generation::Current => match detect_by_trying(&url).await {
+                Ok(Some(proto)) => proto,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(HttpProbeError::Detection(Box::new(e)).into()),
+            },
+        }
+    } else {
+        Proto::Http1
+    };
+    let exchange = Exchange {
+        proto,
+        method: Method::GET,
+        headers: &custom,
+    };
+    ready(send(&url, exchange).await?)
+}
+
+/// Classic detection. `Some(H2c)`: the app upgrades; `None`: it answered
+/// ready over HTTP/1, which passes.
+async fn detect_by_upgrade(url: &Url) -> Result<Option<Proto>, ProbeError> {
+    let upgrade = [
+        (
+            CONNECTION,
+            HeaderValue::from_static("Upgrade, HTTP2-Settings"),
+        ),
+        (UPGRADE, HeaderValue::from_static("h2c")),
+        (
+            HeaderName::from_static("http2-settings"),
+            HeaderValue::from_static(""),
+        ),
+    ];
+    let exchange = Exchange {
+        proto: Proto::Http1,
+        method: Method::OPTIONS,
+        headers: &upgrade,
+    };
+    let status = send(url, exchange).await?;
+    if status.code == StatusCode::SWITCHING_PROTOCOLS && status.upgrades_to_h2c {
+        return Ok(Some(Proto::H2c));
+    }
+    ready(status).map(|()| None)
+}
+
+/// Current detection. `Some(H2c)`: the app answered ready over h2c;
+/// `None`: it answered ready over HTTP/1, which passes.
+async fn detect_by_trying(url: &Url) -> Result<Option<Proto>, ProbeError> {
+    let h2c = Exchange {
+        proto: Proto::H2c,
+        method: Method::GET,
+        headers: &[],
+    };
+    if let Ok(status) = send(url, h2c).await
+        && is_ready(status.code)
+    {
+        return Ok(Some(Proto::H2c));
+    }
+    let http1 = Exchange {
+        proto: Proto::Http1,
+        method: Method::GET,
+        headers: &[],
+    };
+    ready(send(url, http1).await?).map(|()| None)
+}
+
+/// What decides a probe: the final status.
+#[derive(Debug, Clone, Copy)]
+struct Status {
+    code: StatusCode,
+    /// A `101` with `Upgrade: h2c`.
+    upgrades_to_h2c: bool,
+}
+
+fn is_ready(code: StatusCode) -> bool {
+    (200..400).contains(&code.as_u16())
+}
+
+fn ready(status: Status) -> Result<(), ProbeError> {
+    if is_ready(status.code) {
+        Ok(())
+    } else {
+        Err(HttpProbeError::NotReady(status.code.as_u16()).into())
+    }
+}
+
+/// `scheme://host:port/path`, with the path's leading `/` supplied.
+fn probe_url(get: &HttpGetAction) -> Result<Url, HttpProbeError> {
+    let scheme = match get.scheme.to_ascii_lowercase().as_str() {
+        "" | "http" => "http",
+        _ => return Err(HttpProbeError::Scheme(get.scheme.clone())),
+    };
+    let host = host_or_loopback(&get.host);
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    let path = get.path.trim_start_matches('/');
+    Ok(Url::parse(&format!(
+        "{scheme}://{host}:{}/{path}",
+        get.port.0
+    ))?)
+}
+
+/// The probe's custom headers. `Host` and `User-Agent` are left out: Go's
+/// client sends its own in their place.
+fn custom_headers(get: &HttpGetAction) -> Result<Vec<(HeaderName, HeaderValue)>, HttpProbeError> {
+    let mut headers = Vec::with_capacity(get.http_headers.len());
+    for h in &get.http_headers {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| HttpProbeError::Header(h.name.clone()))?;
+        if name == HOST || name == USER_AGENT {
+            continue;
+        }
+        let value =
+            HeaderValue::from_str(&h.value).map_err(|_| HttpProbeError::Header(h.name.clone()))?;
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+/// Sends `exchange` to `url`, following redirects as Go's client does.
+async fn send(url: &Url, mut exchange: Exchange<'_>) -> Result<Status, ProbeError> {
+    let mut url = url.clone();
+    let mut referer = None;
+    let mut redirects = 0;
+    loop {
+        let (status, location) = send_once(&url, &exchange, referer.as_ref()).await?;
+        let redirect = matches!(status.code.as_u16(), 301 | 302 | 303 | 307 | 308);
+        let Some(location) = location.filter(|_| redirect) else {
+            return Ok(status);
+        };
+        if redirects == MAX_REDIRECTS {
+            return Err(HttpProbeError::Redirects.into());
+        }
+        redirects += 1;
+        let next = url
+            .join(&location)
+            .map_err(|source| HttpProbeError::Location { location, source })?;
+        if matches!(status.code.as_u16(), 301..=303)
+            && exchange.method != Method::GET
+            && exchange.method != Method::HEAD
+        {
+            exchange.method = Method::GET;
+        }
+        let mut previous = url;
+        previous.set_fragment(None);
+        referer = HeaderValue::from_str(previous.as_str()).ok();
+        url = next;
+    }
+}
+
+/// One request on a fresh connection. Returns the status and the
+/// `Location` header.
+async fn send_once(
+    url: &Url,
+    exchange: &Exchange<'_>,
+    referer: Option<&HeaderValue>,
+) -> Result<(Status, Option<String>), ProbeError> {
+    if url.scheme() != "http" {
+        return Err(HttpProbeError::Scheme(url.scheme().to_owned()).into());
+    }
+    let host = url.host_str().unwrap_or("127.0.0.1");
+    let port = url.port_or_known_default().unwrap_or(80);
+    let authority = format!("{host}:{port}");
+    let bare_host = host.trim_start_matches('[').trim_end_matches(']');
+    let stream = tokio::net::TcpStream::connect((bare_host, port))
+        .await
+        .map_err(|source| ProbeError::Connect {
+            addr: authority.clone(),
+            source,
+        })?;
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(stream);
+
+    let path = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_owned(),
+    };
+    let mut req = Request::builder().method(exchange.method.clone());
+    req = match exchange.proto {
+        Proto::Http1 => req.uri(path).version(Version::HTTP_11),
+        Proto::H2c => req
+            .uri(format!("http://{authority}{path}"))
+            .version(Version::HTTP_2),
+    };
+    let mut req = req
+        .body(Empty::<Bytes>::new())
+        .map_err(|_| HttpProbeError::Header(url.to_string()))?;
+    let headers = req.headers_mut();
+    if exchange.proto == Proto::Http1 {
+        let host = HeaderValue::from_str(&authority)
+            .map_err(|_| HttpProbeError::Header(authority.clone()))?;
+        headers.insert(HOST, host);
+    }
+    headers.insert(USER_AGENT, HeaderValue::from_static(PROBE_USER_AGENT));
+    for (name, value) in exchange.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    if let Some(referer) = referer {
+        headers.insert(REFERER, referer.clone());
+    }
+    if exchange.method != Method::HEAD && !headers.contains_key(ACCEPT_ENCODING) {
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    if exchange.proto == Proto::Http1 && !headers.contains_key(CONNECTION) {
+        // Knative's prober transport keeps no connection alive.
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+
+    let res = match exchange.proto {
+        Proto::Http1 => {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(HttpProbeError::from)?;
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            sender.send_request(req).await
+        }
+        Proto::H2c => {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .map_err(HttpProbeError::from)?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            sender.send_request(req).await
+        }
+    }
+    .map_err(HttpProbeError::from)?;
+    let status = Status {
+        code: res.status(),
+        upgrades_to_h2c: res.headers().get(UPGRADE).is_some_and(|v| v == "h2c"),
+    };
+    let location = res
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned);
+    // The body is not needed; dropping the response closes the connection.
+    Ok((status, location))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{HttpHeader, ProbePort};
+
+    fn get(path: &str, headers: &[(&str, &str)]) -> HttpGetAction {
+        HttpGetAction {
+            path: path.to_owned(),
+            port: ProbePort(8080),
+            host: "127.0.0.1".to_owned(),
+            scheme: "HTTP".to_owned(),
+            http_headers: headers
+                .iter()
+                .map(|(n, v)| HttpHeader {
+                    name: (*n).to_owned(),
+                    value: (*v).to_owned(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn builds_the_url_go_builds() {
+        assert_eq!(
+            probe_url(&get("/healthz?x=1", &[])).unwrap().as_str(),
+            "http://127.0.0.1:8080/healthz?x=1"
+        );
+        assert_eq!(
+            probe_url(&get("healthz", &[])).unwrap().as_str(),
+            "http://127.0.0.1:8080/healthz"
+        );
+        assert_eq!(
+            probe_url(&get("", &[])).unwrap().as_str(),
+            "http://127.0.0.1:8080/"
+        );
+        let mut v6 = get("/", &[]);
+        v6.host = "::1".to_owned();
+        assert_eq!(probe_url(&v6).unwrap().as_str(), "http://[::1]:8080/");
+        let mut empty = get("/", &[]);
+        empty.host = String::new();
+        empty.scheme = String::new();
+        assert_eq!(
+            probe_url(&empty).unwrap().as_str(),
+            "http://127.0.0.1:8080/"
+        );
+    }
+
+    #[test]
+    fn custom_headers_leave_host_and_user_agent_to_the_client() {
+        let h = custom_headers(&get(
+            "/",
+            &[("X-Probe", "1"), ("Host", "x"), ("user-agent", "me")],
+        ))
+        .unwrap();
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].0, "x-probe");
+        assert!(custom_headers(&get("/", &[("bad name", "1")])).is_err());
+        assert!(custom_headers(&get("/", &[("X", "a\nb")])).is_err());
+    }
+}

@@ -1,0 +1,280 @@
+//! The user container's readiness probe, run from inside the pod.
+//!
+//! Knative moves the user container's readiness probe into the queue-proxy:
+//! the kubelet and the activator ask the queue-proxy (health checks with
+//! `K-Network-Probe: queue`), and the queue-proxy runs the probe against
+//! the app on loopback. [`Readiness::check`] is that run:
+//!
+//! - every probe of the list runs at once, and all must pass;
+//! - a probe whose `periodSeconds` is `0` is *aggressive*: it is tried
+//!   every 50 ms, each try bounded by 100 ms, until `successThreshold`
+//!   consecutive passes (counted across checks, as Knative counts them) or
+//!   10 s; any other probe is tried once, bounded by `timeoutSeconds`;
+//! - checks asked for while one runs share its result (single flight), and
+//!   the run goes on even if the health check that started it goes away.
+//!
+//! The kinds are in [`http`] (`httpGet`), [`grpc`] (`grpc`) and here
+//! (`tcpSocket`).
+
+pub mod grpc;
+pub mod http;
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{Generation, Probe};
+
+/// Interval between the tries of an aggressive probe.
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(50);
+/// Bound on each try of an aggressive probe.
+pub const AGGRESSIVE_TRY_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long an aggressive probe keeps trying.
+pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on a try when `timeoutSeconds` is 0, Kubernetes' default.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The `User-Agent` of every probe request: Knative's kubelet prefix,
+/// followed by an empty Kubernetes version, exactly as the Go queue-proxy
+/// sends it.
+pub const PROBE_USER_AGENT: &str = "kube-probe//";
+
+/// Why one try of a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The try did not finish in time.
+    #[error("probe timed out after {0:?}")]
+    Timeout(Duration),
+    /// A connection could not be made.
+    #[error("dial {addr}: {source}")]
+    Connect {
+        /// Where.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error(transparent)]
+    Http(#[from] http::HttpProbeError),
+    /// The gRPC health check failed.
+    #[error(transparent)]
+    Grpc(#[from] grpc::GrpcProbeError),
+    /// An aggressive probe never reached its success threshold.
+    #[error("aggressive probe error (failed {failures} times): {last}")]
+    Aggressive {
+        /// Failed tries.
+        failures: u32,
+        /// The last failure.
+        last: Box<ProbeError>,
+    },
+    /// An aggressive probe timed out between tries that passed.
+    #[error("timed out waiting for the condition")]
+    NotEnoughPasses,
+    /// The probe has no kind qproxy can run.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+/// Runs the readiness probes; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    inner: Option<Arc<Prober>>,
+}
+
+#[derive(Debug)]
+struct Prober {
+    checks: Vec<Arc<Check>>,
+    /// The run under way, whose result every caller shares.
+    flight: Mutex<Option<watch::Receiver<Option<bool>>>>,
+}
+
+/// How the HTTP probes speak to the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// `ENABLE_HTTP2_AUTO_DETECTION`: find out whether the app speaks h2c.
+    pub auto_detect_http2: bool,
+    /// Which Knative's way of finding that out.
+    pub generation: Generation,
+}
+
+#[derive(Debug)]
+struct Check {
+    probe: Probe,
+    http: HttpOptions,
+    /// Consecutive passes, kept across runs as Knative keeps them.
+    passes: AtomicI32,
+}
+
+impl Readiness {
+    /// A readiness check running `probes`; with none, every check passes.
+    pub fn new(probes: Vec<Probe>, http: HttpOptions) -> Self {
+        if probes.is_empty() {
+            return Self { inner: None };
+        }
+        let checks = probes
+            .into_iter()
+            .map(|probe| {
+                Arc::new(Check {
+                    probe,
+                    http,
+                    passes: AtomicI32::new(0),
+                })
+            })
+            .collect();
+        Self {
+            inner: Some(Arc::new(Prober {
+                checks,
+                flight: Mutex::new(None),
+            })),
+        }
+    }
+
+    /// Whether there is a probe to run.
+    pub fn is_configured(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Runs the probes, or joins the run under way, and tells whether the
+    /// app is ready.
+    pub async fn check(&self) -> bool {
+        let Some(prober) = &self.inner else {
+            return true;
+        };
+        let mut result = prober.join_or_start();
+        match result.wait_for(Option::is_some).await {
+            Ok(ready) => ready.unwrap_or(false),
+            // The run's task is gone without an answer: not ready.
+            Err(_) => false,
+        }
+    }
+}
+
+impl Prober {
+    fn join_or_start(self: &Arc<Self>) -> watch::Receiver<Option<bool>> {
+        let mut flight = self.flight.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(running) = flight.as_ref() {
+            return running.clone();
+        }
+        let (tx, rx) = watch::channel(None);
+        *flight = Some(rx.clone());
+        let prober = self.clone();
+        tokio::spawn(async move {
+            let ready = prober.run().await;
+            let _ = tx.send(Some(ready));
+            *prober.flight.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        });
+        rx
+    }
+
+    async fn run(&self) -> bool {
+        let mut running = JoinSet::new();
+        for check in &self.checks {
+            let check = check.clone();
+            running.spawn(async move { check.run().await });
+        }
+        let mut first_error = None;
+        while let Some(done) = running.join_next().await {
+            let outcome = done.unwrap_or(Err(ProbeError::Unsupported("probe task failed")));
+            if let Err(e) = outcome {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            None => true,
+            Some(e) => {
+                tracing::warn!(error = %e, "readiness probe failed");
+                false
+            }
+        }
+    }
+}
+
+impl Check {
+    async fn run(&self) -> Result<(), ProbeError> {
+        if self.probe.period_seconds != 0 {
+            let timeout = match self.probe.timeout_seconds {
+                n if n > 0 => Duration::from_secs(n.unsigned_abs().into()),
+                _ => DEFAULT_TIMEOUT,
+            };
+            return self.try_once(timeout).await;
+        }
+        self.run_aggressively().await
+    }
+
+    /// Knative's aggressive probing: tries every [`RETRY_INTERVAL`] until
+    /// enough consecutive passes, for at most [`POLL_TIMEOUT`].
+    async fn run_aggressively(&self) -> Result<(), ProbeError> {
+        let give_up = tokio::time::Instant::now() + POLL_TIMEOUT;
+        let mut ticks = tokio::time::interval(RETRY_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failures = 0;
+        let mut last = None;
+        loop {
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(give_up) => break,
+                _ = ticks.tick() => {}
+            }
+            match self.try_once(AGGRESSIVE_TRY_TIMEOUT).await {
+                Ok(()) => {
+                    let passes = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
+                    if passes >= self.probe.success_threshold {
+                        return Ok(());
+                    }
+                }
+                Err(e) => {
+                    self.passes.store(0, Ordering::Relaxed);
+                    failures += 1;
+                    last = Some(e);
+                }
+            }
+        }
+        Err(match last {
+            Some(last) => ProbeError::Aggressive {
+                failures,
+                last: Box::new(last),
+            },
+            None => ProbeError::NotEnoughPasses,
+        })
+    }
+
+    /// One try, bounded by `timeout`.
+    async fn try_once(&self, timeout: Duration) -> Result<(), ProbeError> {
+        let probe = &self.probe;
+        let attempt = async {
+            if let Some(get) = &probe.http_get {
+                http::probe(get, self.http).await
+            } else if let Some(tcp) = &probe.tcp_socket {
+                let addr = format!("{}:{}", host_or_loopback(&tcp.host), tcp.port.0);
+                tcp_probe(addr).await
+            } else if let Some(grpc) = &probe.grpc {
+                grpc::probe(grpc, timeout).await
+            } else if probe.exec.is_some() {
+                // Knative turns exec probes into TCP probes before they get here.
+                Err(ProbeError::Unsupported("exec probe not supported"))
+            } else {
+                Err(ProbeError::Unsupported("no probe found"))
+            }
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or(Err(ProbeError::Timeout(timeout)))
+    }
+}
+
+/// The host of a probe, loopback when left empty.
+fn host_or_loopback(host: &str) -> &str {
+    if host.is_empty() { "127.0.0.1" } else { host }
+}
+
+/// A TCP probe: the app accepts a connection.
+async fn tcp_probe(addr: String) -> Result<(), ProbeError> {
+    match tokio::net::TcpStream::connect(&addr).await {
+        Ok(_) => Ok(()),
+        Err(source) => Err(ProbeError::Connect { addr, source }),
+    }
+}
