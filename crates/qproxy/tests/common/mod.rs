@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod oracle;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::{BufRead, BufReader};
@@ -54,7 +56,9 @@ pub struct QProxy {
 }
 
 /// The environment a default Knative install gives a revision whose app
-/// listens on `user_port`, with every qproxy port on "any free port".
+/// listens on `user_port`, with every qproxy port on "any free port" and
+/// no drain quiet period (so that `SIGTERM` stops at once; the drain tests
+/// set their own).
 pub fn knative_env(user_port: u16) -> Vec<(String, String)> {
     let mut vars = qproxy::config::knative_defaults(user_port);
     for name in [
@@ -62,6 +66,7 @@ pub fn knative_env(user_port: u16) -> Vec<(String, String)> {
         "QPROXY_ADMIN_PORT",
         "QPROXY_STATS_PORT",
         "QPROXY_METRICS_PORT",
+        "QPROXY_DRAIN_QUIET_SECONDS",
     ] {
         vars.set(name, "0");
     }

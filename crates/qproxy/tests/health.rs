@@ -1,0 +1,203 @@
+//! Health checks and network probes, answered field by field as Knative's
+//! Go queue-proxy v0.42.2 answers them, run side by side with the same
+//! environment in front of the same app.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::oracle::GoQueueProxy;
+use common::*;
+use http::Response;
+
+/// What a client sees of a response, minus what differs by design (`Date`).
+#[derive(Debug, PartialEq, Eq)]
+struct Observed {
+    status: u16,
+    body: String,
+    content_type: Option<String>,
+    content_length: Option<String>,
+    nosniff: Option<String>,
+    hash: Option<String>,
+}
+
+async fn observe(addr: SocketAddr, headers: &[(&str, &str)]) -> Observed {
+    let res = h1(addr, get("/healthz", headers)).await;
+    let header = |res: &Response<_>, name: &str| {
+        res.headers()
+            .get(name)
+            .map(|v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    Observed {
+        status: res.status().as_u16(),
+        content_type: header(&res, "content-type"),
+        content_length: header(&res, "content-length"),
+        nosniff: header(&res, "x-content-type-options"),
+        hash: header(&res, "k-network-hash"),
+        body: text(res).await,
+    }
+}
+
+const KUBELET: (&str, &str) = ("User-Agent", "kube-probe/1.29");
+const ACTIVATOR: (&str, &str) = ("User-Agent", "Knative-Activator-Probe");
+const AUTOSCALER: (&str, &str) = ("User-Agent", "Knative-Autoscaling-Probe");
+const QUEUE: (&str, &str) = ("K-Network-Probe", "queue");
+const PROBE: (&str, &str) = ("K-Network-Probe", "probe");
+
+/// Every kind of health check and probe header.
+const CASES: &[(&str, &[(&str, &str)])] = &[
+    ("kubelet health check", &[KUBELET, QUEUE]),
+    ("activator health check", &[ACTIVATOR, QUEUE]),
+    ("autoscaler health check", &[AUTOSCALER, QUEUE]),
+    ("kubelet without probe header", &[KUBELET]),
+    (
+        "kubelet with another probe header",
+        &[KUBELET, ("K-Network-Probe", "bogus")],
+    ),
+    ("kubelet with a network probe header", &[KUBELET, PROBE]),
+    (
+        "activator with an empty probe header",
+        &[ACTIVATOR, ("K-Network-Probe", "")],
+    ),
+    ("network probe", &[PROBE, ("K-Network-Hash", "5a3c0e1b9d")]),
+    ("network probe without hash", &[PROBE]),
+    (
+        "network probe with an empty hash",
+        &[PROBE, ("K-Network-Hash", "")],
+    ),
+    (
+        "K-Kubelet-Probe alone is proxied",
+        &[("K-Kubelet-Probe", "1"), QUEUE],
+    ),
+    ("queue header alone is proxied", &[QUEUE]),
+];
+
+/// Plays every case against both proxies and compares.
+async fn compare_all(go: SocketAddr, qp: SocketAddr, when: &str) {
+    for (name, headers) in CASES {
+        let mut want = observe(go, headers).await;
+        let mut got = observe(qp, headers).await;
+        if name.ends_with("is proxied") {
+            // Go's server sniffs a `Content-Type` for app responses that
+            // have none; qproxy passes them on as they are (a known
+            // difference, listed in the README).
+            want.content_type = None;
+            got.content_type = None;
+        }
+        assert_eq!(got, want, "{name} ({when})");
+    }
+}
+
+/// Waits until a kubelet health check on `addr` answers `503`.
+async fn wait_draining(addr: SocketAddr) {
+    let deadline = Instant::now() + DEADLINE;
+    while observe(addr, &[KUBELET, QUEUE]).await.status != 503 {
+        assert!(Instant::now() < deadline, "health checks never failed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_checks_and_probes_answer_as_go_does_before_and_during_a_drain() {
+    let app = App::hello().await;
+    let mut env = knative_env(app.port());
+    env.retain(|(k, _)| k != "QPROXY_DRAIN_QUIET_SECONDS");
+    let go = GoQueueProxy::start(&env).await;
+    let qp = QProxy::start_env(&env);
+
+    compare_all(go.main, qp.main, "serving").await;
+    let ready = observe(qp.main, &[KUBELET, QUEUE]).await;
+    assert_eq!((ready.status, ready.body.as_str()), (200, "queue"));
+    let proxied = observe(qp.main, &[("K-Kubelet-Probe", "1"), QUEUE]).await;
+    assert_eq!(proxied.body, "Hello World!\n", "reaches the app");
+
+    go.signal("TERM");
+    qp.signal("TERM");
+    wait_draining(go.main).await;
+    wait_draining(qp.main).await;
+    compare_all(go.main, qp.main, "draining").await;
+    let draining = observe(qp.main, &[ACTIVATOR, QUEUE]).await;
+    assert_eq!(
+        (draining.status, draining.body.as_str()),
+        (503, "shutting down\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_readiness_probe_answers_as_go_does() {
+    let app = App::start(|req| async move {
+        let status = if req.uri().path() == "/ready" {
+            200
+        } else {
+            500
+        };
+        let mut res = Response::new(full("probe answer"));
+        *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
+        res
+    })
+    .await;
+    for (path, want) in [("/ready", 200), ("/broken", 503)] {
+        let mut env = knative_env(app.port());
+        let probe = format!(
+            r#"{{"httpGet":{{"path":"{path}","port":{},"host":"127.0.0.1","scheme":"HTTP"}},"timeoutSeconds":1,"periodSeconds":1,"successThreshold":1}}"#,
+            app.port()
+        );
+        env.retain(|(k, _)| k != "SERVING_READINESS_PROBE");
+        env.push(("SERVING_READINESS_PROBE".to_owned(), probe));
+        let go = GoQueueProxy::start(&env).await;
+        let qp = QProxy::start_env(&env);
+        compare_all(go.main, qp.main, path).await;
+        assert_eq!(observe(qp.main, &[KUBELET, QUEUE]).await.status, want);
+        let not_ready = observe(qp.main, &[AUTOSCALER, QUEUE]).await;
+        if want == 503 {
+            assert_eq!(not_ready.body, "", "an empty 503");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_checks_never_reach_the_app_or_the_stats() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    // Health checks keep coming while the autoscaler's stats are reported
+    // twice: every report in between counts no request.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        for (_, headers) in CASES
+            .iter()
+            .filter(|(name, _)| !name.ends_with("is proxied"))
+        {
+            observe(qp.main, headers).await;
+        }
+        let stats = stat_gauges(qp.stats).await;
+        assert_eq!(stats.requests_per_second, 0.0, "a health check was counted");
+        if stats.uptime >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stats report");
+    }
+    assert!(app.seen().is_empty(), "the app saw {:#?}", app.seen());
+}
+
+struct Gauges {
+    requests_per_second: f64,
+    uptime: f64,
+}
+
+/// The latest `Stat`, read as Prometheus text.
+async fn stat_gauges(stats: SocketAddr) -> Gauges {
+    let res = h1(stats, get("/metrics", &[("Accept", "text/plain")])).await;
+    let body = text(res).await;
+    let gauge = |name: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {body}"))
+    };
+    Gauges {
+        requests_per_second: gauge("queue_requests_per_second"),
+        uptime: gauge("process_uptime"),
+    }
+}
