@@ -201,3 +201,53 @@ async fn stat_gauges(stats: SocketAddr) -> Gauges {
         uptime: gauge("process_uptime"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readiness_probe_request_is_the_one_go_sends() {
+    let app = App::hello().await;
+    let mut env = knative_env(app.port());
+    let probe = format!(
+        r#"{{"httpGet":{{"path":"/healthz?deep=1","port":{},"host":"127.0.0.1","scheme":"HTTP","httpHeaders":[{{"name":"X-Probe","value":"a b"}},{{"name":"X-Probe","value":"c"}}]}},"timeoutSeconds":1,"periodSeconds":0,"successThreshold":1}}"#,
+        app.port()
+    );
+    env.retain(|(k, _)| k != "SERVING_READINESS_PROBE");
+    env.push(("SERVING_READINESS_PROBE".to_owned(), probe));
+    compare_probe_requests(&app, &env).await;
+    // With HTTP/2 detection, the classic way: an upgrade request first.
+    env.retain(|(k, _)| k != "ENABLE_HTTP2_AUTO_DETECTION");
+    env.push(("ENABLE_HTTP2_AUTO_DETECTION".to_owned(), "true".to_owned()));
+    compare_probe_requests(&app, &env).await;
+}
+
+async fn compare_probe_requests(app: &App, env: &[(String, String)]) {
+    let mut seen = Vec::new();
+    for oracle in [true, false] {
+        let before = app.seen().len();
+        let (go, qp);
+        let main = if oracle {
+            go = GoQueueProxy::start(env).await;
+            go.main
+        } else {
+            qp = QProxy::start_env(env);
+            qp.main
+        };
+        assert_eq!(observe(main, &[KUBELET, QUEUE]).await.status, 200);
+        let request = app.seen()[before..].to_vec();
+        assert_eq!(request.len(), 1, "one probe request: {request:#?}");
+        seen.push(request.into_iter().next().unwrap());
+    }
+    let (go, qp) = (&seen[0], &seen[1]);
+    assert_eq!(
+        (&qp.method, &qp.uri, qp.version),
+        (&go.method, &go.uri, go.version)
+    );
+    let mut names: Vec<_> = go.headers.keys().collect();
+    names.sort_by_key(|n| n.as_str());
+    let mut qp_names: Vec<_> = qp.headers.keys().collect();
+    qp_names.sort_by_key(|n| n.as_str());
+    assert_eq!(qp_names, names, "the same header names");
+    for name in names {
+        let values = |h: &http::HeaderMap| h.get_all(name).iter().cloned().collect::<Vec<_>>();
+        assert_eq!(values(&qp.headers), values(&go.headers), "{name}");
+    }
+}

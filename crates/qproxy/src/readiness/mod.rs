@@ -157,6 +157,7 @@ impl Prober {
     fn join_or_start(self: &Arc<Self>) -> watch::Receiver<Option<bool>> {
         let mut flight = self.flight.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(running) = flight.as_ref() {
+            tracing::debug!("readiness check joins the probe run under way");
             return running.clone();
         }
         let (tx, rx) = watch::channel(None);

@@ -326,6 +326,15 @@ impl App {
         F: Future<Output = Response<TestBody>> + Send + 'static,
     {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        Self::serve(listener, handler).await
+    }
+
+    /// Starts an app on `listener`, answering every request with `handler`.
+    pub async fn serve<H, F>(listener: TcpListener, handler: H) -> Self
+    where
+        H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = Response<TestBody>> + Send + 'static,
+    {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
