@@ -340,3 +340,25 @@ async fn h2c_detection_follows_each_generation() {
     assert!(h2.iter().all(|s| s.version == Version::HTTP_2));
     assert!(h2[1].headers.contains_key("x-probe"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_probe_request_has_the_whole_try_timeout() {
+    // Every answer takes 60 ms; an aggressive try allows 100 ms. Current
+    // Knative's h2c detection and the probe are two requests, each with its
+    // own 100 ms, as each Go `Do` has.
+    let app = App::start(|_| async {
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        Response::new(full("slowish"))
+    })
+    .await;
+    let qp = with_probe(
+        app.port(),
+        &http_probe(app.port(), "/", 0),
+        &[
+            ("ENABLE_HTTP2_AUTO_DETECTION", "true"),
+            ("OBSERVABILITY_CONFIG", "{}"),
+        ],
+    );
+    assert_eq!(health(qp.main).await.0, 200);
+    assert_eq!(app.seen().len(), 2, "detection and probe, passing at once");
+}

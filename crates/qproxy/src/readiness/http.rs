@@ -4,7 +4,9 @@
 //! on a fresh connection (`Connection: close` on HTTP/1), with
 //! `User-Agent: kube-probe//`, `Accept-Encoding: gzip` and the probe's
 //! custom headers; redirects are followed (at most 10, Go's client rule);
-//! the final status decides: 2xx and 3xx pass.
+//! the final status decides: 2xx and 3xx pass. Each request (with its
+//! redirects) is bounded by the try's timeout, as each `http.Client.Do` is
+//! in Go.
 //!
 //! With HTTP/2 auto-detection (`ENABLE_HTTP2_AUTO_DETECTION`) every try
 //! first finds out whether the app speaks h2c, each generation its own way:
@@ -16,6 +18,8 @@
 //!   probe `GET` goes over h2c.
 //!
 //! The detection requests carry no custom headers, as in Knative.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{
@@ -84,20 +88,26 @@ struct Exchange<'a> {
     method: Method,
     /// Headers beyond the ones every probe request has.
     headers: &'a [(HeaderName, HeaderValue)],
+    /// Bound on the request, redirects included.
+    timeout: Duration,
 }
 
-/// Runs one try of `get`.
-pub(super) async fn probe(get: &HttpGetAction, options: HttpOptions) -> Result<(), ProbeError> {
+/// Runs one try of `get`, each request bounded by `timeout`.
+pub(super) async fn probe(
+    get: &HttpGetAction,
+    options: HttpOptions,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
     let url = probe_url(get)?;
     let custom = custom_headers(get)?;
     let proto = if options.auto_detect_http2 {
         match options.generation {
-            Generation::Classic => match detect_by_upgrade(&url).await {
+            Generation::Classic => match detect_by_upgrade(&url, timeout).await {
                 Ok(Some(proto)) => proto,
                 Ok(None) => return Ok(()),
                 Err(e) => return Err(HttpProbeError::Upgrade(Box::new(e)).into()),
             },
-            Generation::Current => match detect_by_trying(&url).await {
+            Generation::Current => match detect_by_trying(&url, timeout).await {
                 Ok(Some(proto)) => proto,
                 Ok(None) => return Ok(()),
                 Err(e) => return Err(HttpProbeError::Detection(Box::new(e)).into()),
@@ -110,13 +120,14 @@ pub(super) async fn probe(get: &HttpGetAction, options: HttpOptions) -> Result<(
         proto,
         method: Method::GET,
         headers: &custom,
+        timeout,
     };
     ready(send(&url, exchange).await?)
 }
 
 /// Classic detection. `Some(H2c)`: the app upgrades; `None`: it answered
 /// ready over HTTP/1, which passes.
-async fn detect_by_upgrade(url: &Url) -> Result<Option<Proto>, ProbeError> {
+async fn detect_by_upgrade(url: &Url, timeout: Duration) -> Result<Option<Proto>, ProbeError> {
     let upgrade = [
         (
             CONNECTION,
@@ -132,6 +143,7 @@ async fn detect_by_upgrade(url: &Url) -> Result<Option<Proto>, ProbeError> {
         proto: Proto::Http1,
         method: Method::OPTIONS,
         headers: &upgrade,
+        timeout,
     };
     let status = send(url, exchange).await?;
     if status.code == StatusCode::SWITCHING_PROTOCOLS && status.upgrades_to_h2c {
@@ -142,11 +154,12 @@ async fn detect_by_upgrade(url: &Url) -> Result<Option<Proto>, ProbeError> {
 
 /// Current detection. `Some(H2c)`: the app answered ready over h2c;
 /// `None`: it answered ready over HTTP/1, which passes.
-async fn detect_by_trying(url: &Url) -> Result<Option<Proto>, ProbeError> {
+async fn detect_by_trying(url: &Url, timeout: Duration) -> Result<Option<Proto>, ProbeError> {
     let h2c = Exchange {
         proto: Proto::H2c,
         method: Method::GET,
         headers: &[],
+        timeout,
     };
     if let Ok(status) = send(url, h2c).await
         && is_ready(status.code)
@@ -157,6 +170,7 @@ async fn detect_by_trying(url: &Url) -> Result<Option<Proto>, ProbeError> {
         proto: Proto::Http1,
         method: Method::GET,
         headers: &[],
+        timeout,
     };
     ready(send(url, http1).await?).map(|()| None)
 }
@@ -217,8 +231,16 @@ fn custom_headers(get: &HttpGetAction) -> Result<Vec<(HeaderName, HeaderValue)>,
     Ok(headers)
 }
 
-/// Sends `exchange` to `url`, following redirects as Go's client does.
-async fn send(url: &Url, mut exchange: Exchange<'_>) -> Result<Status, ProbeError> {
+/// Sends `exchange` to `url`, following redirects as Go's client does,
+/// within the exchange's timeout.
+async fn send(url: &Url, exchange: Exchange<'_>) -> Result<Status, ProbeError> {
+    let timeout = exchange.timeout;
+    tokio::time::timeout(timeout, follow(url, exchange))
+        .await
+        .unwrap_or(Err(ProbeError::Timeout(timeout)))
+}
+
+async fn follow(url: &Url, mut exchange: Exchange<'_>) -> Result<Status, ProbeError> {
     let mut url = url.clone();
     let mut referer = None;
     let mut redirects = 0;

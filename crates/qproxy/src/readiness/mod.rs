@@ -164,9 +164,10 @@ impl Prober {
         *flight = Some(rx.clone());
         let prober = self.clone();
         tokio::spawn(async move {
+            // However the run ends, the next check starts a new one.
+            let _landed = Landed(prober.clone());
             let ready = prober.run().await;
             let _ = tx.send(Some(ready));
-            *prober.flight.lock().unwrap_or_else(PoisonError::into_inner) = None;
         });
         rx
     }
@@ -191,6 +192,15 @@ impl Prober {
                 false
             }
         }
+    }
+}
+
+/// Clears the flight of its prober when dropped.
+struct Landed(Arc<Prober>);
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        *self.0.flight.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -243,13 +253,16 @@ impl Check {
         })
     }
 
-    /// One try, bounded by `timeout`.
+    /// One try, bounded by `timeout`: as in Knative, each HTTP request of
+    /// the try (h2c detection, then the probe) has that long, redirects
+    /// included; a TCP or gRPC try has it all in all.
     async fn try_once(&self, timeout: Duration) -> Result<(), ProbeError> {
         let probe = &self.probe;
+        if let Some(get) = &probe.http_get {
+            return http::probe(get, self.http, timeout).await;
+        }
         let attempt = async {
-            if let Some(get) = &probe.http_get {
-                http::probe(get, self.http).await
-            } else if let Some(tcp) = &probe.tcp_socket {
+            if let Some(tcp) = &probe.tcp_socket {
                 let addr = format!("{}:{}", host_or_loopback(&tcp.host), tcp.port.0);
                 tcp_probe(addr).await
             } else if let Some(grpc) = &probe.grpc {
