@@ -51,3 +51,16 @@ pub fn is_kubelet_probe(headers: &http::HeaderMap) -> bool {
         .is_some_and(|ua| ua.as_bytes().starts_with(KUBE_PROBE_UA_PREFIX))
         || headers.get(K_KUBELET_PROBE).is_some_and(|v| !v.is_empty())
 }
+
+/// A header map from name/value pairs, for tests.
+#[cfg(test)]
+pub(crate) fn header_map(pairs: &[(&str, &str)]) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            HeaderName::from_bytes(k.as_bytes()).expect("a header name"),
+            http::HeaderValue::from_str(v).expect("a header value"),
+        );
+    }
+    h
+}

@@ -34,28 +34,11 @@ async fn app() -> App {
     .await
 }
 
-/// A kubelet health check: status and body.
-async fn health(main: SocketAddr) -> (u16, String) {
-    let res = h1(
-        main,
-        get(
-            "/",
-            &[
-                ("User-Agent", "kube-probe/1.29"),
-                ("K-Network-Probe", "queue"),
-            ],
-        ),
-    )
-    .await;
-    let status = res.status().as_u16();
-    (status, text(res).await)
-}
-
 /// Waits until health checks answer `503 shutting down`.
 async fn wait_health_failing(main: SocketAddr) {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        match health(main).await {
+        match kubelet_health(main).await {
             (503, body) => {
                 assert_eq!(body, "shutting down\n");
                 return;
@@ -281,7 +264,7 @@ async fn wait_for_drain_without_sigterm_is_called_off() {
         (200, String::new())
     );
     assert_eq!(
-        health(qp.main).await,
+        kubelet_health(qp.main).await,
         (200, "queue".to_owned()),
         "back to normal"
     );
@@ -293,7 +276,7 @@ async fn wait_for_drain_without_sigterm_is_called_off() {
     let hook = wait_for_drain(qp.admin);
     wait_health_failing(qp.main).await;
     assert_eq!(within("the hook", hook).await.unwrap().0, 200);
-    assert_eq!(health(qp.main).await.0, 200);
+    assert_eq!(kubelet_health(qp.main).await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -12,23 +12,6 @@ use std::time::Instant;
 use common::*;
 use http::{Response, StatusCode, Version};
 use tokio::net::TcpListener;
-
-/// A kubelet health check: status and body.
-async fn health(main: SocketAddr) -> (u16, String) {
-    let res = h1(
-        main,
-        get(
-            "/",
-            &[
-                ("User-Agent", "kube-probe/1.29"),
-                ("K-Network-Probe", "queue"),
-            ],
-        ),
-    )
-    .await;
-    let status = res.status().as_u16();
-    (status, text(res).await)
-}
 
 /// qproxy in front of `app_port`, probing with `probe` (JSON).
 fn with_probe(app_port: u16, probe: &str, extra: &[(&str, &str)]) -> QProxy {
@@ -81,7 +64,7 @@ async fn an_http_probe_sends_what_the_kubelet_sends() {
         &http_probe(app.port(), "/healthz?deep=1", 1),
         &[],
     );
-    assert_eq!(health(qp.main).await, (200, "queue".to_owned()));
+    assert_eq!(kubelet_health(qp.main).await, (200, "queue".to_owned()));
     let seen = app.only();
     assert_eq!(seen.method, "GET");
     assert_eq!(seen.uri, "/healthz?deep=1");
@@ -113,7 +96,7 @@ async fn http_statuses_2xx_and_3xx_pass_others_fail() {
         ("/redirect/500", 503),
     ] {
         let qp = with_probe(app.port(), &http_probe(app.port(), path, 1), &[]);
-        assert_eq!(health(qp.main).await.0, want, "{path}");
+        assert_eq!(kubelet_health(qp.main).await.0, want, "{path}");
     }
     let redirected: Vec<_> = app
         .seen()
@@ -134,7 +117,7 @@ async fn an_aggressive_probe_waits_for_an_app_that_starts_late() {
     let port = closed_port();
     let qp = with_probe(port, &http_probe(port, "/", 0), &[]);
     let check = tokio::spawn(async move {
-        let answer = health(qp.main).await;
+        let answer = kubelet_health(qp.main).await;
         (answer, Instant::now(), qp)
     });
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
@@ -157,9 +140,10 @@ async fn an_aggressive_probe_gives_up_after_ten_seconds() {
     let port = closed_port();
     let qp = with_probe(port, &http_probe(port, "/", 0), &[]);
     let started = Instant::now();
-    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(30), health(qp.main))
-        .await
-        .expect("an answer");
+    let (status, body) =
+        tokio::time::timeout(std::time::Duration::from_secs(30), kubelet_health(qp.main))
+            .await
+            .expect("an answer");
     assert_eq!((status, body.as_str()), (503, ""));
     // Not a timing assertion: only that it did keep trying rather than
     // failing on the first refused connection.
@@ -176,10 +160,10 @@ async fn an_aggressive_probe_gives_up_after_ten_seconds() {
 async fn tcp_probes_pass_when_the_app_accepts() {
     let app = App::hello().await;
     let up = with_probe(app.port(), &tcp_probe(app.port(), 0), &[]);
-    assert_eq!(health(up.main).await.0, 200);
+    assert_eq!(kubelet_health(up.main).await.0, 200);
     let down_port = closed_port();
     let down = with_probe(down_port, &tcp_probe(down_port, 1), &[]);
-    assert_eq!(health(down.main).await.0, 503);
+    assert_eq!(kubelet_health(down.main).await.0, 503);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -205,12 +189,12 @@ async fn grpc_probes_ask_the_health_service() {
         ("unknown.svc", 503),
     ] {
         let qp = with_probe(port, &grpc_probe(port, service), &[]);
-        assert_eq!(health(qp.main).await.0, want, "service {service:?}");
+        assert_eq!(kubelet_health(qp.main).await.0, want, "service {service:?}");
     }
     // An HTTP app is no gRPC health server.
     let app = App::hello().await;
     let qp = with_probe(app.port(), &grpc_probe(app.port(), ""), &[]);
-    assert_eq!(health(qp.main).await.0, 503);
+    assert_eq!(kubelet_health(qp.main).await.0, 503);
 }
 
 /// The accepted connections of `listener`, as tonic takes them.
@@ -230,9 +214,9 @@ async fn every_probe_of_a_multi_container_list_must_pass() {
     let list = |second: &str| format!("[{},{}]", tcp_probe(port, 1), http_probe(port, second, 1));
     let multi = [("ENABLE_MULTI_CONTAINER_PROBES", "true")];
     let all_up = with_probe(port, &list("/status/200"), &multi);
-    assert_eq!(health(all_up.main).await.0, 200);
+    assert_eq!(kubelet_health(all_up.main).await.0, 200);
     let one_down = with_probe(port, &list("/status/500"), &multi);
-    assert_eq!(health(one_down.main).await.0, 503);
+    assert_eq!(kubelet_health(one_down.main).await.0, 503);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -276,7 +260,7 @@ async fn concurrent_health_checks_share_one_probe_run() {
     ));
     let check = || {
         let qp = qp.clone();
-        tokio::spawn(async move { health(qp.main).await })
+        tokio::spawn(async move { kubelet_health(qp.main).await })
     };
     let first = check();
     // The first check's probe is at the app, held there.
@@ -314,7 +298,7 @@ async fn h2c_detection_follows_each_generation() {
     // Classic asks to upgrade over HTTP/1; the app does not switch and
     // answers 200, which passes at once.
     let classic = with_probe(app.port(), &http_probe(app.port(), "/up", 1), &[detect]);
-    assert_eq!(health(classic.main).await.0, 200);
+    assert_eq!(kubelet_health(classic.main).await.0, 200);
     let seen = app.seen();
     let upgrade = seen.iter().find(|s| s.uri.path() == "/up").unwrap();
     assert_eq!(upgrade.method, "OPTIONS");
@@ -330,7 +314,7 @@ async fn h2c_detection_follows_each_generation() {
         &http_probe(app.port(), "/h2", 1),
         &[detect, ("OBSERVABILITY_CONFIG", "{}")],
     );
-    assert_eq!(health(current.main).await.0, 200);
+    assert_eq!(kubelet_health(current.main).await.0, 200);
     let h2: Vec<_> = app
         .seen()
         .into_iter()
@@ -359,6 +343,6 @@ async fn each_probe_request_has_the_whole_try_timeout() {
             ("OBSERVABILITY_CONFIG", "{}"),
         ],
     );
-    assert_eq!(health(qp.main).await.0, 200);
+    assert_eq!(kubelet_health(qp.main).await.0, 200);
     assert_eq!(app.seen().len(), 2, "detection and probe, passing at once");
 }

@@ -233,16 +233,7 @@ where
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        h
-    }
+    use crate::headers::header_map as headers;
 
     #[test]
     fn tells_health_checks_by_user_agent_alone() {

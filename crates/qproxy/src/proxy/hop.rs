@@ -106,16 +106,7 @@ fn remove_hop_headers(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
+    use crate::headers::header_map as headers;
 
     fn names(h: &HeaderMap) -> Vec<&str> {
         let mut n: Vec<_> = h.keys().map(HeaderName::as_str).collect();

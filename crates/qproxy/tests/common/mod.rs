@@ -572,6 +572,23 @@ pub fn get(path: &str, headers: &[(&str, &str)]) -> Request<TestBody> {
     b.body(empty()).unwrap()
 }
 
+/// A kubelet health check (`K-Network-Probe: queue`): status and body.
+pub async fn kubelet_health(main: SocketAddr) -> (u16, String) {
+    let res = h1(
+        main,
+        get(
+            "/",
+            &[
+                ("User-Agent", "kube-probe/1.29"),
+                ("K-Network-Probe", "queue"),
+            ],
+        ),
+    )
+    .await;
+    let status = res.status().as_u16();
+    (status, text(res).await)
+}
+
 /// Collects a response body.
 pub async fn text(res: Response<Incoming>) -> String {
     let bytes = within("response body", res.into_body().collect())
