@@ -13,6 +13,7 @@
 //! - [`readiness`]: the user container's readiness probe.
 //! - [`drain`]: stopping without losing a request.
 //! - [`admin`]: the admin, stats and metrics ports.
+//! - [`profiling`]: CPU profiles, when profiling is on.
 //! - [`observe`]: logs in Knative's zap JSON shape.
 //! - [`demo`]: a hello app with qproxy in front, for a first look.
 
@@ -24,6 +25,7 @@ pub mod drain;
 pub mod headers;
 pub mod layers;
 pub mod observe;
+pub mod profiling;
 pub mod proxy;
 pub mod readiness;
 pub mod server;
@@ -118,6 +120,7 @@ pub struct Server {
     admin: Listener,
     stats: Listener,
     metrics: Option<Listener>,
+    profiling: Option<Listener>,
 }
 
 /// The addresses a [`Server`] listens on.
@@ -131,6 +134,8 @@ pub struct Addrs {
     pub stats: SocketAddr,
     /// User metrics port, when request metrics are served as Prometheus.
     pub metrics: Option<SocketAddr>,
+    /// Profiling port, when profiling is on.
+    pub profiling: Option<SocketAddr>,
 }
 
 impl Server {
@@ -147,6 +152,11 @@ impl Server {
             } else {
                 None
             },
+            profiling: if config.observability.profiling() {
+                Some(Listener::bind("profile", ports.profiling)?)
+            } else {
+                None
+            },
             config: Arc::new(config),
         })
     }
@@ -158,6 +168,7 @@ impl Server {
             admin: self.admin.local_addr(),
             stats: self.stats.local_addr(),
             metrics: self.metrics.as_ref().map(Listener::local_addr),
+            profiling: self.profiling.as_ref().map(Listener::local_addr),
         }
     }
 
@@ -254,6 +265,24 @@ impl Server {
                 metrics,
                 admin_builder(),
                 |_| ServerRulesLayer.layer(service_fn(admin::metrics)),
+                graceful.clone(),
+                stopped.clone(),
+            ));
+        }
+
+        if let Some(listener) = self.profiling {
+            tracing::info!("Profiling enabled: true");
+            let profiling = profiling::Profiling::default();
+            servers.spawn(serve(
+                listener,
+                admin_builder(),
+                move |_| {
+                    let profiling = profiling.clone();
+                    ServerRulesLayer.layer(service_fn(move |req| {
+                        let profiling = profiling.clone();
+                        async move { Ok::<_, std::convert::Infallible>(profiling.answer(req).await) }
+                    }))
+                },
                 graceful.clone(),
                 stopped.clone(),
             ));

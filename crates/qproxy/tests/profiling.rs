@@ -1,0 +1,102 @@
+//! CPU profiles on the profiling port, read back with `go tool pprof`.
+
+mod common;
+
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+
+use common::*;
+
+/// The profiling port of `qp`, from its start-up log.
+fn profiling_port(qp: &QProxy) -> SocketAddr {
+    let line = qp.wait_for_log("the profiling server", |l| {
+        l["message"] == "Starting http server" && l["server"] == "profile"
+    });
+    let bound: SocketAddr = line["address"].as_str().unwrap().parse().unwrap();
+    SocketAddr::from((Ipv4Addr::LOCALHOST, bound.port()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serves_a_cpu_profile_go_tool_pprof_reads() {
+    let app = App::hello().await;
+    let qp = QProxy::start(
+        app.port(),
+        &[("ENABLE_PROFILING", "true"), ("QPROXY_PROFILING_PORT", "0")],
+    );
+    let profiling = profiling_port(&qp);
+    qp.wait_for_log("the switch", |l| l["message"] == "Profiling enabled: true");
+
+    let profile =
+        tokio::spawn(
+            async move { h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await },
+        );
+    // Something to sample while the profile runs.
+    let main = qp.main;
+    let load = tokio::spawn(async move {
+        for _ in 0..200 {
+            text(h1(main, get("/", &[])).await).await;
+        }
+    });
+    // A second profile meanwhile is refused, as Go refuses it.
+    let busy = loop {
+        let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
+        if res.status() == 500 {
+            break text(res).await;
+        }
+        // The first had not started yet; this one ran instead.
+        assert_eq!(res.status(), 200);
+    };
+    assert_eq!(
+        busy,
+        "Could not enable CPU profiling: cpu profiling already in use\n"
+    );
+    load.await.unwrap();
+
+    let res = within("the profile", profile).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/octet-stream");
+    assert_eq!(
+        res.headers()["content-disposition"],
+        "attachment; filename=\"profile\""
+    );
+    let gzipped = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&gzipped[..])
+        .read_to_end(&mut raw)
+        .expect("a gzip body");
+    assert!(!raw.is_empty());
+
+    let file = std::env::temp_dir().join(format!("qproxy-profile-{}.pb.gz", qp.pid()));
+    std::fs::write(&file, &gzipped).unwrap();
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .arg(&file)
+        .output()
+        .expect("go runs");
+    let _ = std::fs::remove_file(&file);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "go tool pprof: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("PeriodType: cpu nanoseconds"), "{report}");
+
+    let other = h1(profiling, get("/debug/pprof/heap", &[])).await;
+    assert_eq!(other.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_profiling_port_unless_asked() {
+    let app = App::hello().await;
+    let mut qp = QProxy::start(app.port(), &[("QPROXY_PROFILING_PORT", "0")]);
+    let logs = qp.stop_and_collect_logs();
+    assert!(
+        !logs.iter().any(|l| l["server"] == "profile"),
+        "a profiling server started"
+    );
+}
