@@ -111,6 +111,7 @@ async fn profile(length: Duration) -> Result<Vec<u8>, ProfileError> {
         .frequency(FREQUENCY)
         .blocklist(&["libc", "libgcc", "pthread", "vdso"])
         .build()?;
+    tracing::debug!(seconds = length.as_secs(), "CPU profile started");
     tokio::time::sleep(length).await;
     // Symbolizing is CPU work: off the reactor.
     tokio::task::spawn_blocking(move || {

@@ -22,15 +22,21 @@ async fn serves_a_cpu_profile_go_tool_pprof_reads() {
     let app = App::hello().await;
     let qp = QProxy::start(
         app.port(),
-        &[("ENABLE_PROFILING", "true"), ("QPROXY_PROFILING_PORT", "0")],
+        &[
+            ("ENABLE_PROFILING", "true"),
+            ("QPROXY_PROFILING_PORT", "0"),
+            ("SERVING_LOGGING_LEVEL", "debug"),
+        ],
     );
     let profiling = profiling_port(&qp);
     qp.wait_for_log("the switch", |l| l["message"] == "Profiling enabled: true");
 
     let profile =
         tokio::spawn(
-            async move { h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await },
+            async move { h1(profiling, get("/debug/pprof/profile?seconds=2", &[])).await },
         );
+    let started = |l: &serde_json::Value| l["message"] == "CPU profile started";
+    tokio::task::block_in_place(|| qp.wait_for_log("the profile's start", started));
     // Something to sample while the profile runs.
     let main = qp.main;
     let load = tokio::spawn(async move {
@@ -39,16 +45,10 @@ async fn serves_a_cpu_profile_go_tool_pprof_reads() {
         }
     });
     // A second profile meanwhile is refused, as Go refuses it.
-    let busy = loop {
-        let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
-        if res.status() == 500 {
-            break text(res).await;
-        }
-        // The first had not started yet; this one ran instead.
-        assert_eq!(res.status(), 200);
-    };
+    let busy = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
+    assert_eq!(busy.status(), 500);
     assert_eq!(
-        busy,
+        text(busy).await,
         "Could not enable CPU profiling: cpu profiling already in use\n"
     );
     load.await.unwrap();
