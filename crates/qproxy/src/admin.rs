@@ -4,21 +4,19 @@
 //! Each answers like Go's `http.ServeMux` with one route: its path, any
 //! method; anything else is `404 page not found`. `/wait-for-drain` drains
 //! (see [`Admin`]); the stats `/metrics` serves the latest autoscaler
-//! `Stat`; the user metrics `/metrics` is an empty Prometheus exposition
-//! until request metrics fill it.
+//! `Stat`; the user metrics `/metrics` serves the request metrics.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use autoscaler_client::Reporter;
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tokio::sync::watch;
 
 use crate::body::Body;
 use crate::drain::Drainer;
+use crate::observe::request_metrics::RequestMetrics;
 use crate::proxy::plain_text;
 
 /// Path of the drain hook the user container's preStop calls.
@@ -121,17 +119,19 @@ const PROTOBUF: &str = "application/protobuf";
 /// The Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// User metrics server on 9091 (Prometheus text).
-pub async fn metrics(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    Ok(match req.uri().path() {
-        METRICS => {
-            let mut res = Response::new(Body::empty());
-            res.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
-            res
-        }
-        _ => not_found(),
-    })
+/// The user metrics server on 9091: classic Knative's request metrics as
+/// Prometheus text (an empty exposition where none are kept).
+pub fn metrics<B>(req: &Request<B>, request_metrics: Option<&RequestMetrics>) -> Response<Body> {
+    if req.uri().path() != METRICS {
+        return not_found();
+    }
+    let text = request_metrics
+        .map(RequestMetrics::render)
+        .unwrap_or_default();
+    let mut res = Response::new(Body::full(text));
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
+    res
 }
 
 /// Go's `http.NotFound`.

@@ -116,3 +116,53 @@ impl http_body::Body for RequestBody {
         }
     }
 }
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps a guard until the body ends (or fails),
+    /// or is dropped, whichever comes first: what a layer holds for the
+    /// life of its request (a count in flight, a measurement) lives here.
+    #[derive(Debug)]
+    pub struct Guarded<B, G> {
+        #[pin]
+        body: B,
+        guard: Option<G>,
+    }
+}
+
+impl<B, G> Guarded<B, G> {
+    /// `body`, keeping `guard` until it ends.
+    pub fn new(body: B, guard: Option<G>) -> Self {
+        Self { body, guard }
+    }
+}
+
+impl<B: From<Body>, G> From<Body> for Guarded<B, G> {
+    fn from(body: Body) -> Self {
+        Self::new(B::from(body), None)
+    }
+}
+
+impl<B: http_body::Body, G> http_body::Body for Guarded<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            this.guard.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

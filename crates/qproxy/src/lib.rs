@@ -49,6 +49,7 @@ use crate::drain::Drainer;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::timeout::go_duration;
 use crate::layers::upgrade::Tunnels;
+use crate::observe::request_metrics::{self, RequestMetrics};
 use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
 use crate::server::{Listener, admin_builder, main_builder, serve};
@@ -189,6 +190,10 @@ impl Server {
                 generation: config.observability.generation(),
             },
         );
+        let request_metrics = config
+            .observability
+            .classic_prometheus_metrics()
+            .then(|| RequestMetrics::new(&config.revision));
         let shared = Shared {
             upstream: Arc::new(Upstream::new(
                 config.ports.user,
@@ -202,6 +207,7 @@ impl Server {
             drainer: drainer.clone(),
             readiness,
             tunnels: tunnels.clone(),
+            request_metrics: request_metrics.clone(),
         };
         let admin = Admin {
             drainer: drainer.clone(),
@@ -227,6 +233,16 @@ impl Server {
         );
         let mut servers = JoinSet::new();
         let reporting = tokio::spawn(report_every_period(shared.stats.clone(), clock, reporter));
+        let upkeep = shared.request_metrics.clone().map(|m| {
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(request_metrics::UPKEEP_PERIOD);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    ticks.tick().await;
+                    m.run_upkeep();
+                }
+            })
+        });
         servers.spawn(serve(
             self.main,
             main_builder(),
@@ -264,7 +280,13 @@ impl Server {
             servers.spawn(serve(
                 metrics,
                 admin_builder(),
-                |_| ServerRulesLayer.layer(service_fn(admin::metrics)),
+                move |_| {
+                    let request_metrics = request_metrics.clone();
+                    ServerRulesLayer.layer(service_fn(move |req| {
+                        let res = admin::metrics(&req, request_metrics.as_ref());
+                        async move { Ok::<_, std::convert::Infallible>(res) }
+                    }))
+                },
                 graceful.clone(),
                 stopped.clone(),
             ));
@@ -299,6 +321,9 @@ impl Server {
         let _ = stop.send(true);
         while servers.join_next().await.is_some() {}
         reporting.abort();
+        if let Some(upkeep) = upkeep {
+            upkeep.abort();
+        }
         if let Some(graceful) = Arc::into_inner(graceful) {
             graceful.shutdown().await;
         }

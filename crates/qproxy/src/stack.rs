@@ -8,7 +8,8 @@
 //! |----------------------------|---------------------------------|
 //! | Go's `net/http` server     | [`ServerRulesLayer`]            |
 //! | (handler lifetimes)        | [`UpgradeHoldLayer`]            |
-//! | tracing / request metrics  | *(observability)*               |
+//! | tracing                    | *(observability)*               |
+//! | request metrics            | [`MetricsLayer::revision`]      |
 //! | request log                | *(observability)*               |
 //! | drainer, health checks     | [`DrainLayer`]                  |
 //! | hijack tracker             | [`UpgradeHoldLayer`]'s [`Tunnels`] |
@@ -18,7 +19,7 @@
 //! | stats                      | [`StatsLayer`]                  |
 //! | `K-Original-Host` rewrite  | [`HostRewrite`]                 |
 //! | breaker                    | [`concurrency::layer`]          |
-//! | app request metrics        | *(observability)*               |
+//! | app request metrics        | [`MetricsLayer::app`]           |
 //! | reverse proxy              | [`Proxy`]                       |
 //!
 //! Rows in italics are the seams the later pieces plug into.
@@ -49,16 +50,18 @@ use crate::layers::concurrency;
 use crate::layers::drain::DrainLayer;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::host_rewrite::HostRewrite;
+use crate::layers::metrics::{MetricsBody, MetricsLayer};
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::upgrade::{Tunnels, UpgradeHoldLayer};
+use crate::observe::request_metrics::RequestMetrics;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
 use crate::server::Conn;
 
 /// The response body of the main port.
-pub type MainBody = TimeoutBody<StatsBody<PermitBody<Body>>>;
+pub type MainBody = MetricsBody<TimeoutBody<StatsBody<PermitBody<MetricsBody<Body>>>>>;
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
@@ -81,6 +84,8 @@ pub struct Shared {
     pub readiness: Readiness,
     /// The upgraded connections open.
     pub tunnels: Tunnels,
+    /// Request metrics, when served.
+    pub request_metrics: Option<RequestMetrics>,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -102,10 +107,15 @@ pub fn main_service(
             shared.drainer.clone(),
             shared.readiness.clone(),
         ))
+        .layer(MetricsLayer::revision(shared.request_metrics.clone()))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(RewriteLayer::new(ForwardedShim))
         .layer(StatsLayer::new(shared.stats.clone(), shared.clock))
         .layer(RewriteLayer::new(HostRewrite))
         .layer(concurrency::layer(shared.breaker.clone()))
+        .layer(MetricsLayer::app(
+            shared.request_metrics.clone(),
+            shared.breaker.clone(),
+        ))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))
 }

@@ -62,6 +62,12 @@ impl Observability {
         }
     }
 
+    /// Whether classic Knative's request metrics are served as Prometheus
+    /// text (current Knative's instruments are another set).
+    pub fn classic_prometheus_metrics(&self) -> bool {
+        matches!(self, Observability::Classic(c) if c.request_metrics_backend == MetricsBackend::Prometheus)
+    }
+
     /// Whether CPU profiling is served.
     pub fn profiling(&self) -> bool {
         match self {

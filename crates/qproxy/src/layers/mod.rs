@@ -8,6 +8,7 @@ pub mod concurrency;
 pub mod drain;
 pub mod forwarded;
 pub mod host_rewrite;
+pub mod metrics;
 pub mod server_rules;
 pub mod stats;
 pub mod timeout;

@@ -14,11 +14,10 @@ use std::task::{Context, Poll};
 
 use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
 use http::{Request, Response};
-use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::body::Body;
+use crate::body::Guarded;
 use crate::headers::{K_PROXY_REQUEST, is_kubelet_probe};
 
 /// The `K-Proxy-Request` value of requests the activator forwards.
@@ -87,7 +86,7 @@ where
 
 /// A request counted in; dropping it counts it out.
 #[derive(Debug)]
-struct InFlight {
+pub struct InFlight {
     stats: Arc<RequestStats>,
     clock: MonotonicClock,
     proxied: bool,
@@ -135,53 +134,10 @@ where
         let this = self.project();
         let res = std::task::ready!(this.inner.poll(cx))?;
         let guard = this.guard.take();
-        Poll::Ready(Ok(res.map(|body| StatsBody { body, guard })))
+        Poll::Ready(Ok(res.map(|body| Guarded::new(body, guard))))
     }
 }
 
-pin_project! {
-    /// A response body that counts its request out when it ends or is
-    /// dropped.
-    pub struct StatsBody<B> {
-        #[pin]
-        body: B,
-        guard: Option<InFlight>,
-    }
-}
-
-impl<B> From<Body> for StatsBody<B>
-where
-    B: From<Body>,
-{
-    fn from(body: Body) -> Self {
-        StatsBody {
-            body: B::from(body),
-            guard: None,
-        }
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for StatsBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let polled = this.body.poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            this.guard.take();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
+/// A response body that counts its request out when it ends, fails or is
+/// dropped.
+pub type StatsBody<B> = Guarded<B, InFlight>;

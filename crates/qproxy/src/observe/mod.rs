@@ -1,3 +1,5 @@
-//! What qproxy tells its operators: logs (and, later, metrics and traces).
+//! What qproxy tells its operators: logs and request metrics (traces to
+//! come).
 
 pub mod log;
+pub mod request_metrics;

@@ -1,0 +1,192 @@
+//! Request metrics, measured where Knative's handlers measure them: as a
+//! request reaches the queue-proxy (outside the timeouts, so a timed-out
+//! request counts as its `504`), and as it goes to the user container
+//! (inside the breaker; the queue depth is taken as it enters).
+//!
+//! A request is measured from when it reaches the layer until its response
+//! body has been sent (or the client went away); an upgraded connection,
+//! until it closes. One that ends without a response from the layers below
+//! (cancelled by the client or a timeout) counts as a `502`, as Knative's
+//! proxy error handler answers it. Probes are not measured (but the queue
+//! depth is taken as they pass, as Knative takes it). Without request
+//! metrics, the layer passes everything through untouched.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use breaker::Breaker;
+use http::{HeaderMap, Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use crate::body::Guarded;
+use crate::headers::{K_NETWORK_PROBE, is_kubelet_probe};
+use crate::observe::request_metrics::{RequestMetrics, Scope, Series, route_tag};
+
+/// Adds [`Metrics`] to a stack.
+#[derive(Debug, Clone)]
+pub struct MetricsLayer {
+    metrics: Option<RequestMetrics>,
+    scope: Scope,
+    breaker: Option<Breaker>,
+}
+
+impl MetricsLayer {
+    /// Measures requests as they reach the queue-proxy.
+    pub fn revision(metrics: Option<RequestMetrics>) -> Self {
+        Self {
+            metrics,
+            scope: Scope::Revision,
+            breaker: None,
+        }
+    }
+
+    /// Measures requests as they go to the user container, and the depth
+    /// of `breaker`'s queue.
+    pub fn app(metrics: Option<RequestMetrics>, breaker: Option<Breaker>) -> Self {
+        Self {
+            metrics,
+            scope: Scope::App,
+            breaker,
+        }
+    }
+}
+
+impl<S> Layer<S> for MetricsLayer {
+    type Service = Metrics<S>;
+
+    fn layer(&self, inner: S) -> Metrics<S> {
+        Metrics {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Measures each request; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Metrics<S> {
+    inner: S,
+    layer: MetricsLayer,
+}
+
+/// Whether Knative counts a request as a probe: a kubelet probe or any
+/// `K-Network-Probe`.
+fn is_probe(headers: &HeaderMap) -> bool {
+    is_kubelet_probe(headers) || headers.get(K_NETWORK_PROBE).is_some_and(|v| !v.is_empty())
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Metrics<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = Response<MetricsBody<ResBody>>;
+    type Error = S::Error;
+    type Future = MetricsFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let layer = &self.layer;
+        if let (Some(metrics), Some(breaker)) = (&layer.metrics, &layer.breaker) {
+            // Taken for every request, probes too, as Knative takes it.
+            metrics.set_queue_depth(breaker.in_flight());
+        }
+        let measuring = match &layer.metrics {
+            Some(metrics) if !is_probe(req.headers()) => {
+                let route_tag = match layer.scope {
+                    Scope::Revision => route_tag(req.headers()),
+                    Scope::App => Cow::Borrowed(""),
+                };
+                Some(Pending {
+                    metrics: metrics.clone(),
+                    scope: layer.scope,
+                    route_tag,
+                    start: Instant::now(),
+                    answered: false,
+                })
+            }
+            _ => None,
+        };
+        MetricsFuture {
+            inner: self.inner.call(req),
+            pending: measuring,
+        }
+    }
+}
+
+/// A request measured until it has a response; dropped without one, it
+/// counts as a `502`.
+struct Pending {
+    metrics: RequestMetrics,
+    scope: Scope,
+    route_tag: Cow<'static, str>,
+    start: Instant,
+    answered: bool,
+}
+
+impl Pending {
+    /// The measurement of its response, answered with `status`.
+    fn answered(mut self, status: u16) -> Measuring {
+        self.answered = true;
+        Measuring {
+            series: self.metrics.series(self.scope, status, &self.route_tag),
+            start: self.start,
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            let series = self.metrics.series(self.scope, 502, &self.route_tag);
+            series.record(self.start.elapsed());
+        }
+    }
+}
+
+/// A response being sent; recorded when its body ends or is dropped.
+#[derive(Debug)]
+pub struct Measuring {
+    series: Arc<Series>,
+    start: Instant,
+}
+
+impl Drop for Measuring {
+    fn drop(&mut self) {
+        self.series.record(self.start.elapsed());
+    }
+}
+
+/// The response body of [`Metrics`].
+pub type MetricsBody<B> = Guarded<B, Measuring>;
+
+pin_project! {
+    /// The response of [`Metrics`].
+    pub struct MetricsFuture<F> {
+        #[pin]
+        inner: F,
+        pending: Option<Pending>,
+    }
+}
+
+impl<F, B, E> Future for MetricsFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<MetricsBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let res = std::task::ready!(this.inner.poll(cx))?;
+        let status = res.status().as_u16();
+        let measuring = this.pending.take().map(|p| p.answered(status));
+        Poll::Ready(Ok(res.map(|body| Guarded::new(body, measuring))))
+    }
+}

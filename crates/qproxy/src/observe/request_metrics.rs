@@ -1,0 +1,375 @@
+//! Request metrics as classic Knative (serving v0.42) serves them: the
+//! Prometheus text on the user metrics port (9091) when
+//! `SERVING_REQUEST_METRICS_BACKEND=prometheus`.
+//!
+//! | metric | type | labels besides the revision's |
+//! |---|---|---|
+//! | `revision_request_count` | counter | `response_code`, `response_code_class`, `route_tag` |
+//! | `revision_request_latencies` | histogram (ms) | same |
+//! | `revision_app_request_count` | counter | `response_code`, `response_code_class` |
+//! | `revision_app_request_latencies` | histogram (ms) | same |
+//! | `revision_queue_depth` | gauge | `response_code=""`, `response_code_class=""` |
+//!
+//! The revision's labels are `namespace_name`, `service_name` (`unknown`
+//! when the revision has no Service), `configuration_name`,
+//! `revision_name`, `pod_name` and `container_name` (`queue-proxy`). Names,
+//! help texts, label sets and buckets are Knative's; latencies are whole
+//! milliseconds, as Knative records them. A series appears once it has
+//! something to show, as in Knative.
+//!
+//! The recorder is [`metrics_exporter_prometheus`]'s, used directly (no
+//! global recorder). The label sets of the series in use are built once and
+//! their handles cached, so that recording a request is two atomic
+//! increments and a histogram sample.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::config::Revision;
+
+/// Knative's latency buckets, in milliseconds.
+pub const LATENCY_BUCKETS: [f64; 26] = [
+    5.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 450.0,
+    500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 50000.0, 100000.0,
+];
+
+const REQUEST_COUNT: &str = "revision_request_count";
+const REQUEST_LATENCIES: &str = "revision_request_latencies";
+const APP_REQUEST_COUNT: &str = "revision_app_request_count";
+const APP_REQUEST_LATENCIES: &str = "revision_app_request_latencies";
+const QUEUE_DEPTH: &str = "revision_queue_depth";
+
+/// Help texts, as Knative describes its views.
+const HELP: [(&str, &str); 5] = [
+    (
+        REQUEST_COUNT,
+        "The number of requests that are routed to queue-proxy",
+    ),
+    (REQUEST_LATENCIES, "The response time in millisecond"),
+    (
+        APP_REQUEST_COUNT,
+        "The number of requests that are routed to user-container",
+    ),
+    (APP_REQUEST_LATENCIES, "The response time in millisecond"),
+    (
+        QUEUE_DEPTH,
+        "The number of items queued at this queue proxy.",
+    ),
+];
+
+/// How often histogram samples are folded into their buckets.
+pub const UPKEEP_PERIOD: Duration = Duration::from_secs(1);
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
+
+/// Where a request is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// As the request reaches the queue-proxy (`revision_request_*`).
+    Revision,
+    /// As the request goes to the user container (`revision_app_request_*`).
+    App,
+}
+
+/// The request metrics of one revision's pod; cheap to clone.
+#[derive(Clone)]
+pub struct RequestMetrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RequestMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestMetrics").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// The revision's labels, sorted by name with the per-request ones.
+    revision: Vec<Label>,
+    /// Series by status code and route tag.
+    requests: RwLock<HashMap<u16, ByTag>>,
+    /// Series by status code.
+    app: RwLock<HashMap<u16, Arc<Series>>>,
+    queue_depth: OnceLock<Gauge>,
+}
+
+/// Series of one status code, by route tag.
+type ByTag = HashMap<Box<str>, Arc<Series>>;
+
+/// One series pair: a count and a latency histogram.
+#[derive(Debug)]
+pub struct Series {
+    count: Counter,
+    latency: Histogram,
+}
+
+impl Series {
+    /// Counts one request that took `latency`.
+    pub fn record(&self, latency: Duration) {
+        self.count.increment(1);
+        // Whole milliseconds, as Knative records them.
+        self.latency.record(latency.as_millis() as f64);
+    }
+}
+
+impl RequestMetrics {
+    /// The metrics of `revision`'s pod.
+    pub fn new(revision: &Revision) -> Self {
+        let builder = PrometheusBuilder::new();
+        let builder =
+            [REQUEST_LATENCIES, APP_REQUEST_LATENCIES]
+                .into_iter()
+                .fold(builder, |b, name| {
+                    b.set_buckets_for_metric(Matcher::Full(name.to_owned()), &LATENCY_BUCKETS)
+                        .unwrap_or_else(|_| unreachable!("the buckets are not empty"))
+                });
+        let recorder = builder.build_recorder();
+        for (name, help) in HELP {
+            let key = KeyName::from_const_str(name);
+            match name {
+                REQUEST_COUNT | APP_REQUEST_COUNT => {
+                    recorder.describe_counter(key, None, help.into())
+                }
+                QUEUE_DEPTH => recorder.describe_gauge(key, None, help.into()),
+                _ => recorder.describe_histogram(key, None, help.into()),
+            }
+        }
+        let service = if revision.service.is_empty() {
+            "unknown".to_owned()
+        } else {
+            revision.service.clone()
+        };
+        let revision = vec![
+            Label::new("configuration_name", revision.configuration.clone()),
+            Label::new("container_name", "queue-proxy"),
+            Label::new("namespace_name", revision.namespace.clone()),
+            Label::new("pod_name", revision.pod.clone()),
+            Label::new("revision_name", revision.name.clone()),
+            Label::new("service_name", service),
+        ];
+        Self {
+            inner: Arc::new(Inner {
+                handle: recorder.handle(),
+                recorder,
+                revision,
+                requests: RwLock::new(HashMap::new()),
+                app: RwLock::new(HashMap::new()),
+                queue_depth: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The series a request of `scope` answered with `status` (and routed
+    /// by `route_tag`, for [`Scope::Revision`]) is counted in. Looking up a
+    /// series in use takes a read lock and allocates nothing.
+    pub fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
+        let inner = &self.inner;
+        match scope {
+            Scope::Revision => {
+                let found = read(&inner.requests)
+                    .get(&status)
+                    .and_then(|by_tag| by_tag.get(route_tag))
+                    .cloned();
+                found.unwrap_or_else(|| {
+                    let mut all = write(&inner.requests);
+                    all.entry(status)
+                        .or_default()
+                        .entry(route_tag.into())
+                        .or_insert_with(|| {
+                            let series = inner.register(
+                                REQUEST_COUNT,
+                                REQUEST_LATENCIES,
+                                status,
+                                Some(route_tag),
+                            );
+                            Arc::new(series)
+                        })
+                        .clone()
+                })
+            }
+            Scope::App => {
+                let found = read(&inner.app).get(&status).cloned();
+                found.unwrap_or_else(|| {
+                    let mut all = write(&inner.app);
+                    all.entry(status)
+                        .or_insert_with(|| {
+                            let series = inner.register(
+                                APP_REQUEST_COUNT,
+                                APP_REQUEST_LATENCIES,
+                                status,
+                                None,
+                            );
+                            Arc::new(series)
+                        })
+                        .clone()
+                })
+            }
+        }
+    }
+
+    /// Sets the queue depth: the requests inside the breaker.
+    pub fn set_queue_depth(&self, depth: u32) {
+        let inner = &self.inner;
+        let gauge = inner.queue_depth.get_or_init(|| {
+            let labels = inner.labels([
+                ("response_code", String::new()),
+                ("response_code_class", String::new()),
+            ]);
+            inner
+                .recorder
+                .register_gauge(&Key::from_parts(QUEUE_DEPTH, labels), &METADATA)
+        });
+        gauge.set(f64::from(depth));
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        self.inner.handle.render()
+    }
+
+    /// Folds recorded histogram samples into their buckets; run every
+    /// [`UPKEEP_PERIOD`] so that samples do not pile up between scrapes.
+    pub fn run_upkeep(&self) {
+        self.inner.handle.run_upkeep();
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Inner {
+    fn register(
+        &self,
+        count: &'static str,
+        latency: &'static str,
+        status: u16,
+        route_tag: Option<&str>,
+    ) -> Series {
+        let mut extra = vec![
+            ("response_code", status.to_string()),
+            ("response_code_class", format!("{}xx", status / 100)),
+        ];
+        if let Some(tag) = route_tag {
+            extra.push(("route_tag", tag.to_owned()));
+        }
+        let labels = self.labels(extra);
+        Series {
+            count: self
+                .recorder
+                .register_counter(&Key::from_parts(count, labels.clone()), &METADATA),
+            latency: self
+                .recorder
+                .register_histogram(&Key::from_parts(latency, labels), &METADATA),
+        }
+    }
+
+    /// The revision's labels and `extra`, sorted by name as Knative's
+    /// exposition sorts them.
+    fn labels(&self, extra: impl IntoIterator<Item = (&'static str, String)>) -> Vec<Label> {
+        let mut labels = self.revision.clone();
+        labels.extend(extra.into_iter().map(|(k, v)| Label::new(k, v)));
+        labels.sort_by(|a, b| a.key().cmp(b.key()));
+        labels
+    }
+}
+
+/// The route tag label of a request, as Knative names it; allocates only
+/// for a named tag.
+pub fn route_tag(headers: &http::HeaderMap) -> Cow<'static, str> {
+    use crate::headers::{KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG};
+    let tag = headers
+        .get(KNATIVE_SERVING_TAG)
+        .map_or(&b""[..], |v| v.as_bytes());
+    let default_route = headers
+        .get(KNATIVE_SERVING_DEFAULT_ROUTE)
+        .map_or(&b""[..], |v| v.as_bytes());
+    match (tag.is_empty(), default_route) {
+        (true, b"") => Cow::Borrowed("DISABLED"),
+        (true, _) => Cow::Borrowed("DEFAULT"),
+        (false, b"true") => Cow::Borrowed("UNDEFINED"),
+        (false, _) => Cow::Owned(String::from_utf8_lossy(tag).into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::header_map;
+
+    fn revision() -> Revision {
+        Revision {
+            namespace: "default".into(),
+            service: String::new(),
+            configuration: "hello".into(),
+            name: "hello-00001".into(),
+            pod: "pod1".into(),
+            pod_ip: "127.0.0.1".into(),
+        }
+    }
+
+    #[test]
+    fn route_tags_follow_knative() {
+        let tag = |pairs: &[(&str, &str)]| route_tag(&header_map(pairs)).into_owned();
+        assert_eq!(tag(&[]), "DISABLED");
+        assert_eq!(
+            tag(&[("knative-serving-default-route", "false")]),
+            "DEFAULT"
+        );
+        assert_eq!(tag(&[("knative-serving-tag", "blue")]), "blue");
+        assert_eq!(
+            tag(&[
+                ("knative-serving-tag", "blue"),
+                ("knative-serving-default-route", "true")
+            ]),
+            "UNDEFINED"
+        );
+    }
+
+    #[test]
+    fn renders_knative_series() {
+        let m = RequestMetrics::new(&revision());
+        assert_eq!(m.render().trim(), "", "nothing before the first request");
+        m.series(Scope::Revision, 200, "DISABLED")
+            .record(Duration::from_micros(7_900));
+        m.series(Scope::Revision, 200, "DISABLED")
+            .record(Duration::from_millis(150));
+        m.series(Scope::App, 503, "").record(Duration::ZERO);
+        m.set_queue_depth(3);
+        let text = m.render();
+        let labels = "configuration_name=\"hello\",container_name=\"queue-proxy\",namespace_name=\"default\",pod_name=\"pod1\"";
+        assert!(text.contains("# HELP revision_request_count The number of requests that are routed to queue-proxy\n"), "{text}");
+        assert!(
+            text.contains("# TYPE revision_request_latencies histogram\n"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("revision_request_count{{{labels},response_code=\"200\",response_code_class=\"2xx\",revision_name=\"hello-00001\",route_tag=\"DISABLED\",service_name=\"unknown\"}} 2\n")), "{text}");
+        // 7.9 ms counts as 7: bucket 10, not 5; 150 ms in bucket 150.
+        let bucket = |le: &str| {
+            format!(
+                "revision_request_latencies_bucket{{{labels},response_code=\"200\",response_code_class=\"2xx\",revision_name=\"hello-00001\",route_tag=\"DISABLED\",service_name=\"unknown\",le=\"{le}\"}} "
+            )
+        };
+        assert!(text.contains(&(bucket("5") + "0\n")), "{text}");
+        assert!(text.contains(&(bucket("10") + "1\n")), "{text}");
+        assert!(text.contains(&(bucket("100") + "1\n")), "{text}");
+        assert!(text.contains(&(bucket("150") + "2\n")), "{text}");
+        assert!(text.contains(&(bucket("+Inf") + "2\n")), "{text}");
+        assert!(text.contains("revision_request_latencies_sum{"), "{text}");
+        assert!(text.contains(&format!("revision_app_request_count{{{labels},response_code=\"503\",response_code_class=\"5xx\",revision_name=\"hello-00001\",service_name=\"unknown\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("revision_queue_depth{{{labels},response_code=\"\",response_code_class=\"\",revision_name=\"hello-00001\",service_name=\"unknown\"}} 3\n")), "{text}");
+    }
+}
