@@ -294,6 +294,7 @@ impl Server {
 
         if let Some(listener) = self.profiling {
             tracing::info!("Profiling enabled: true");
+            profiling::prepare_temp_dir();
             let profiling = profiling::Profiling::default();
             servers.spawn(serve(
                 listener,

@@ -9,8 +9,14 @@
 //! `500`. Go's other `/debug/pprof/` pages (heap, goroutines, traces) have
 //! no meaning here and answer `404`. When profiling is off, the port is not
 //! opened and the sampler is never started.
+//!
+//! The sampler keeps its samples in a temporary file. Knative gives the
+//! queue-proxy a read-only root filesystem, so when the usual temporary
+//! directory cannot be written, [`prepare_temp_dir`] points it at
+//! `/dev/shm`, which every container has.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -60,14 +66,11 @@ impl Profiling {
         }
         let seconds = seconds(req.uri().query());
         if self.busy.swap(true, Ordering::AcqRel) {
-            return plain_text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Could not enable CPU profiling: cpu profiling already in use\n",
-            );
+            return profile_error("cpu profiling already in use");
         }
-        let profile = profile(Duration::from_secs(seconds)).await;
-        self.busy.store(false, Ordering::Release);
-        match profile {
+        // Freed however the profile ends, its client gone included.
+        let _busy = Busy(self.busy.clone());
+        match profile(Duration::from_secs(seconds)).await {
             Ok(gzipped) => {
                 let mut res = Response::new(Body::full(gzipped));
                 let headers = res.headers_mut();
@@ -84,13 +87,56 @@ impl Profiling {
             }
             Err(e) => {
                 tracing::error!(error = %e, "CPU profile failed");
-                plain_text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("Could not enable CPU profiling: {e}\n"),
-                )
+                profile_error(&e.to_string())
             }
         }
     }
+}
+
+/// Marks the profiler free when dropped.
+struct Busy(Arc<AtomicBool>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Go's `serveError` for a profile that could not start.
+fn profile_error(why: &str) -> Response<Body> {
+    let mut res = plain_text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("Could not enable CPU profiling: {why}\n"),
+    );
+    res.headers_mut()
+        .insert("x-go-pprof", HeaderValue::from_static("1"));
+    res
+}
+
+/// Makes sure the sampler has a temporary directory it can write: the
+/// usual one (`TMPDIR`, else `/tmp`), or else `/dev/shm`. Called once,
+/// before the first profile, when profiling is on.
+pub fn prepare_temp_dir() {
+    let usual = std::env::temp_dir();
+    if writable(&usual) {
+        return;
+    }
+    let shm = Path::new("/dev/shm");
+    if writable(shm) && tempfile::env::override_temp_dir(shm).is_ok() {
+        tracing::info!(
+            unwritable = %usual.display(),
+            "CPU profiles keep their samples in /dev/shm"
+        );
+    } else {
+        tracing::warn!(
+            unwritable = %usual.display(),
+            "no writable temporary directory: CPU profiles will fail"
+        );
+    }
+}
+
+fn writable(dir: &Path) -> bool {
+    tempfile::tempfile_in(dir).is_ok()
 }
 
 /// The `seconds` parameter as Go's handler reads it.

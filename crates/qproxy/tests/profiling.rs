@@ -47,6 +47,8 @@ async fn serves_a_cpu_profile_go_tool_pprof_reads() {
     // A second profile meanwhile is refused, as Go refuses it.
     let busy = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
     assert_eq!(busy.status(), 500);
+    assert_eq!(busy.headers()["x-go-pprof"], "1");
+    assert_eq!(busy.headers()["content-type"], "text/plain; charset=utf-8");
     assert_eq!(
         text(busy).await,
         "Could not enable CPU profiling: cpu profiling already in use\n"
@@ -99,4 +101,60 @@ async fn no_profiling_port_unless_asked() {
         !logs.iter().any(|l| l["server"] == "profile"),
         "a profiling server started"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn profiles_work_without_a_writable_temporary_directory() {
+    // As under Knative's read-only root filesystem: the usual temporary
+    // directory cannot be written.
+    let app = App::hello().await;
+    let qp = QProxy::start(
+        app.port(),
+        &[
+            ("ENABLE_PROFILING", "true"),
+            ("QPROXY_PROFILING_PORT", "0"),
+            ("TMPDIR", "/nonexistent/tmp"),
+        ],
+    );
+    let profiling = profiling_port(&qp);
+    let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
+    assert_eq!(res.status(), 200, "{}", text(res).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profile_whose_client_left_frees_the_profiler() {
+    let app = App::hello().await;
+    let qp = QProxy::start(
+        app.port(),
+        &[
+            ("ENABLE_PROFILING", "true"),
+            ("QPROXY_PROFILING_PORT", "0"),
+            ("SERVING_LOGGING_LEVEL", "debug"),
+        ],
+    );
+    let profiling = profiling_port(&qp);
+    // A client asks for a long profile, then hangs up.
+    let mut client = tokio::net::TcpStream::connect(profiling).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut client,
+        b"GET /debug/pprof/profile?seconds=600 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let started = |l: &serde_json::Value| l["message"] == "CPU profile started";
+    tokio::task::block_in_place(|| qp.wait_for_log("the profile's start", started));
+    drop(client);
+    // The next profile runs.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
+        if res.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the profiler stayed busy"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
