@@ -117,32 +117,61 @@ impl http_body::Body for RequestBody {
     }
 }
 
+/// What a [`Guarded`] body's guard is told when the body is done with:
+/// whether it was sent whole.
+pub trait Settle {
+    /// Called once, just before the guard is dropped: `complete` is true
+    /// when the body reached its end, false when it failed or was dropped
+    /// (the client went away) before that.
+    fn settle(&mut self, complete: bool) {
+        let _ = complete;
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A response body that keeps a guard until the body ends (or fails),
     /// or is dropped, whichever comes first: what a layer holds for the
     /// life of its request (a count in flight, a measurement) lives here.
     #[derive(Debug)]
-    pub struct Guarded<B, G> {
+    pub struct Guarded<B, G>
+    where
+        B: http_body::Body,
+        G: Settle,
+    {
         #[pin]
         body: B,
         guard: Option<G>,
     }
+
+    impl<B, G> PinnedDrop for Guarded<B, G>
+    where
+        B: http_body::Body,
+        G: Settle,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(mut guard) = this.guard.take() {
+                // hyper stops polling a body that says it has ended.
+                guard.settle(this.body.is_end_stream());
+            }
+        }
+    }
 }
 
-impl<B, G> Guarded<B, G> {
+impl<B: http_body::Body, G: Settle> Guarded<B, G> {
     /// `body`, keeping `guard` until it ends.
     pub fn new(body: B, guard: Option<G>) -> Self {
         Self { body, guard }
     }
 }
 
-impl<B: From<Body>, G> From<Body> for Guarded<B, G> {
+impl<B: http_body::Body + From<Body>, G: Settle> From<Body> for Guarded<B, G> {
     fn from(body: Body) -> Self {
         Self::new(B::from(body), None)
     }
 }
 
-impl<B: http_body::Body, G> http_body::Body for Guarded<B, G> {
+impl<B: http_body::Body, G: Settle> http_body::Body for Guarded<B, G> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -152,8 +181,15 @@ impl<B: http_body::Body, G> http_body::Body for Guarded<B, G> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
         let polled = this.body.poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            this.guard.take();
+        let complete = match &polled {
+            Poll::Ready(None) => Some(true),
+            Poll::Ready(Some(Err(_))) => Some(false),
+            _ => None,
+        };
+        if let Some(complete) = complete
+            && let Some(mut guard) = this.guard.take()
+        {
+            guard.settle(complete);
         }
         polled
     }

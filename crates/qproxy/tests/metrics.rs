@@ -227,9 +227,98 @@ async fn a_timed_out_request_counts_as_its_504_and_the_app_side_as_502() {
     let port = qp.metrics.expect("the metrics port");
     let text = scrape_until(
         port,
-        &format!("{} 1", series("revision_request_count", 504, Some("DISABLED"), "")),
+        &format!(
+            "{} 1",
+            series("revision_request_count", 504, Some("DISABLED"), "")
+        ),
     )
     .await;
     let app_side = format!("{} 1", series("revision_app_request_count", 502, None, ""));
-    assert!(text.lines().any(|l| l == app_side), "no {app_side} in {text}");
+    assert!(
+        text.lines().any(|l| l == app_side),
+        "no {app_side} in {text}"
+    );
+}
+
+/// An app that upgrades `/ws` to an echoing WebSocket and cuts every other
+/// response short: its head promises 100 bytes, 5 come, then the
+/// connection closes.
+async fn upgrade_and_abort_app() -> u16 {
+    use tokio::io::AsyncWriteExt;
+    raw_app(|mut stream| async move {
+        let mut peek = [0u8; 8];
+        let Ok(n) = stream.peek(&mut peek).await else {
+            return;
+        };
+        if peek[..n].starts_with(b"GET /ws ") {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                return;
+            };
+            use futures_util::{SinkExt, StreamExt};
+            while let Some(Ok(msg)) = ws.next().await {
+                if msg.is_close() || ws.send(msg).await.is_err() {
+                    break;
+                }
+            }
+        } else {
+            read_request(&mut stream).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
+                .await;
+        }
+    })
+    .await
+}
+
+/// A WebSocket opened and closed, then a response cut short.
+async fn play_upgrade_and_abort(main: SocketAddr) {
+    use futures_util::StreamExt;
+    let mut ws = websocket(main).await;
+    ws.close(None).await.unwrap();
+    while within("the close", ws.next()).await.is_some() {}
+    drop(ws);
+    // The client gets no complete answer: Go drops the connection before
+    // its buffered head goes out; qproxy sends the head, then cuts the body.
+    let stream = tokio::net::TcpStream::connect(main).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let sent = within(
+        "the cut response",
+        sender.send_request(get("/cut", &[("Host", "hello.example.com")])),
+    )
+    .await;
+    let complete = match sent {
+        Ok(res) => http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    assert!(!complete, "the response is cut short");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrades_and_cut_responses_count_as_go_counts_them() {
+    let port = upgrade_and_abort_app().await;
+    let mut env = knative_env(port);
+    env.retain(|(k, _)| k != "CONTAINER_CONCURRENCY");
+    env.push(("CONTAINER_CONCURRENCY".to_owned(), "2".to_owned()));
+    // The upgrade counts as 200, the cut response as 500, at both levels.
+    let last = format!(
+        "{} 1",
+        series("revision_request_count", 500, Some("DISABLED"), "")
+    );
+    let go = GoQueueProxy::start(&env).await;
+    play_upgrade_and_abort(go.main).await;
+    let want = scrape_until(SocketAddr::from(([127, 0, 0, 1], 9091)), &last).await;
+    drop(go);
+
+    let qp = QProxy::start_env(&env);
+    play_upgrade_and_abort(qp.main).await;
+    let got = scrape_until(qp.metrics.expect("the metrics port"), &last).await;
+    assert_eq!(stable_lines(&got), stable_lines(&want));
+    let upgrade = format!("{} 1", series("revision_app_request_count", 200, None, ""));
+    assert!(got.lines().any(|l| l == upgrade), "no {upgrade} in {got}");
 }

@@ -5,16 +5,19 @@
 //!
 //! A request is measured from when it reaches the layer until its response
 //! body has been sent (or the client went away); an upgraded connection,
-//! until it closes. One that ends without a response from the layers below
+//! until it closes. The status counted is the response's, with Go's
+//! server's quirks: one that ends without a response from the layers below
 //! (cancelled by the client or a timeout) counts as a `502`, as Knative's
-//! proxy error handler answers it. Probes are not measured (but the queue
+//! proxy error handler answers it; a response whose body was cut off (the
+//! app failed, the client left) counts as a `500`, as Knative's handlers
+//! record the proxy's aborted handler; an upgrade counts as a `200`, since
+//! Go's proxy writes the `101` past the handlers. Probes are not measured (but the queue
 //! depth is taken as they pass, as Knative takes it). Without request
 //! metrics, the layer passes everything through untouched.
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use breaker::Breaker;
@@ -23,9 +26,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::body::Guarded;
+use crate::body::{Guarded, Settle};
 use crate::headers::{K_NETWORK_PROBE, is_kubelet_probe};
-use crate::observe::request_metrics::{RequestMetrics, Scope, Series, route_tag};
+use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
 
 /// Adds [`Metrics`] to a stack.
 #[derive(Debug, Clone)]
@@ -83,6 +86,7 @@ fn is_probe(headers: &HeaderMap) -> bool {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Metrics<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body,
 {
     type Response = Response<MetricsBody<ResBody>>;
     type Error = S::Error;
@@ -109,6 +113,7 @@ where
                     scope: layer.scope,
                     route_tag,
                     start: Instant::now(),
+                    head: req.method() == http::Method::HEAD,
                     answered: false,
                 })
             }
@@ -128,6 +133,8 @@ struct Pending {
     scope: Scope,
     route_tag: Cow<'static, str>,
     start: Instant,
+    /// A `HEAD` request: its body is never sent, which is no abort.
+    head: bool,
     answered: bool,
 }
 
@@ -136,8 +143,13 @@ impl Pending {
     fn answered(mut self, status: u16) -> Measuring {
         self.answered = true;
         Measuring {
-            series: self.metrics.series(self.scope, status, &self.route_tag),
+            metrics: self.metrics.clone(),
+            scope: self.scope,
+            route_tag: std::mem::take(&mut self.route_tag),
+            // Go's proxy writes a 101 past the handlers, which see a 200.
+            status: if status == 101 { 200 } else { status },
             start: self.start,
+            complete: self.head,
         }
     }
 }
@@ -151,16 +163,30 @@ impl Drop for Pending {
     }
 }
 
-/// A response being sent; recorded when its body ends or is dropped.
+/// A response being sent; recorded when its body is done with.
 #[derive(Debug)]
 pub struct Measuring {
-    series: Arc<Series>,
+    metrics: RequestMetrics,
+    scope: Scope,
+    route_tag: Cow<'static, str>,
+    status: u16,
     start: Instant,
+    complete: bool,
+}
+
+impl Settle for Measuring {
+    fn settle(&mut self, complete: bool) {
+        self.complete |= complete;
+    }
 }
 
 impl Drop for Measuring {
     fn drop(&mut self) {
-        self.series.record(self.start.elapsed());
+        // A body cut off counts as 500: Go's proxy aborts the handler, and
+        // Knative's metrics handlers record the abort as an error.
+        let status = if self.complete { self.status } else { 500 };
+        let series = self.metrics.series(self.scope, status, &self.route_tag);
+        series.record(self.start.elapsed());
     }
 }
 
@@ -179,6 +205,7 @@ pin_project! {
 impl<F, B, E> Future for MetricsFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body,
 {
     type Output = Result<Response<MetricsBody<B>>, E>;
 

@@ -17,7 +17,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::body::Guarded;
+use crate::body::{Guarded, Settle};
 use crate::headers::{K_PROXY_REQUEST, is_kubelet_probe};
 
 /// The `K-Proxy-Request` value of requests the activator forwards.
@@ -60,6 +60,7 @@ pub struct Stats<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Stats<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body,
 {
     type Response = Response<StatsBody<ResBody>>;
     type Error = S::Error;
@@ -104,6 +105,8 @@ impl InFlight {
     }
 }
 
+impl Settle for InFlight {}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         let event = if self.proxied {
@@ -127,6 +130,7 @@ pin_project! {
 impl<F, B, E> Future for StatsFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body,
 {
     type Output = Result<Response<StatsBody<B>>, E>;
 

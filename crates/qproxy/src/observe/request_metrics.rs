@@ -100,6 +100,8 @@ struct Inner {
     /// Series by status code.
     app: RwLock<HashMap<u16, Arc<Series>>>,
     queue_depth: OnceLock<Gauge>,
+    /// The series of requests whose route tag Knative cannot use as a label.
+    untagged: OnceLock<Arc<Series>>,
 }
 
 /// Series of one status code, by route tag.
@@ -164,6 +166,7 @@ impl RequestMetrics {
                 requests: RwLock::new(HashMap::new()),
                 app: RwLock::new(HashMap::new()),
                 queue_depth: OnceLock::new(),
+                untagged: OnceLock::new(),
             }),
         }
     }
@@ -174,6 +177,17 @@ impl RequestMetrics {
     pub fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
         let inner = &self.inner;
         match scope {
+            Scope::Revision if !is_label_value(route_tag) => inner
+                .untagged
+                .get_or_init(|| {
+                    let labels = inner.labels([
+                        ("response_code", String::new()),
+                        ("response_code_class", String::new()),
+                        ("route_tag", String::new()),
+                    ]);
+                    Arc::new(inner.series_of(REQUEST_COUNT, REQUEST_LATENCIES, labels))
+                })
+                .clone(),
             Scope::Revision => {
                 let found = read(&inner.requests)
                     .get(&status)
@@ -266,7 +280,10 @@ impl Inner {
         if let Some(tag) = route_tag {
             extra.push(("route_tag", tag.to_owned()));
         }
-        let labels = self.labels(extra);
+        self.series_of(count, latency, self.labels(extra))
+    }
+
+    fn series_of(&self, count: &'static str, latency: &'static str, labels: Vec<Label>) -> Series {
         Series {
             count: self
                 .recorder
@@ -285,6 +302,15 @@ impl Inner {
         labels.sort_by(|a, b| a.key().cmp(b.key()));
         labels
     }
+}
+
+/// Whether `value` can be a label value, as OpenCensus (under classic
+/// Knative) decides: at most 255 printable ASCII characters. A request
+/// whose route tag cannot is counted with its response code, class and
+/// tag all empty, as Knative counts it; so a client cannot grow a series
+/// without bound with one long header.
+fn is_label_value(value: &str) -> bool {
+    value.len() <= 255 && value.bytes().all(|b| (b' '..=b'~').contains(&b))
 }
 
 /// The route tag label of a request, as Knative names it; allocates only
@@ -337,6 +363,21 @@ mod tests {
             ]),
             "UNDEFINED"
         );
+    }
+
+    #[test]
+    fn unusable_route_tags_share_one_series_with_empty_labels() {
+        let m = RequestMetrics::new(&revision());
+        let long = "x".repeat(256);
+        let a = m.series(Scope::Revision, 200, &long);
+        let b = m.series(Scope::Revision, 404, "caf\u{e9}");
+        assert!(Arc::ptr_eq(&a, &b));
+        a.record(Duration::ZERO);
+        b.record(Duration::ZERO);
+        let ok = m.series(Scope::Revision, 200, &"x".repeat(255));
+        assert!(!Arc::ptr_eq(&a, &ok));
+        let text = m.render();
+        assert!(text.contains("response_code=\"\",response_code_class=\"\",revision_name=\"hello-00001\",route_tag=\"\",service_name=\"unknown\"} 2\n"), "{text}");
     }
 
     #[test]
