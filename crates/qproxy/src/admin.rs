@@ -6,12 +6,14 @@
 //! (see [`Admin`]); the stats `/metrics` serves the latest autoscaler
 //! `Stat`; the user metrics `/metrics` serves the request metrics.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use autoscaler_client::Reporter;
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
 use tokio::sync::watch;
 
 use crate::body::Body;
@@ -23,6 +25,44 @@ use crate::proxy::plain_text;
 pub const WAIT_FOR_DRAIN: &str = "/wait-for-drain";
 /// Path of the stats and metrics endpoints.
 pub const METRICS: &str = "/metrics";
+
+/// What one of the small servers does with each request.
+pub trait Endpoint: Clone + Send + Sync + 'static {
+    /// Answers `req`.
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send;
+}
+
+impl Endpoint for Admin {
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+        self.answer(req)
+    }
+}
+
+impl Endpoint for StatsEndpoint {
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+        std::future::ready(self.answer(&req))
+    }
+}
+
+impl Endpoint for crate::profiling::Profiling {
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+        self.answer(req)
+    }
+}
+
+/// The user metrics server on 9091: classic Knative's request metrics as
+/// Prometheus text (an empty exposition where none are kept).
+#[derive(Debug, Clone)]
+pub struct MetricsEndpoint {
+    /// The metrics, when kept.
+    pub request_metrics: Option<RequestMetrics>,
+}
+
+impl Endpoint for MetricsEndpoint {
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+        std::future::ready(metrics(&req, self.request_metrics.as_ref()))
+    }
+}
 
 /// How long `/wait-for-drain` waits for `SIGTERM` before calling its
 /// drain off.
@@ -119,9 +159,8 @@ const PROTOBUF: &str = "application/protobuf";
 /// The Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// The user metrics server on 9091: classic Knative's request metrics as
-/// Prometheus text (an empty exposition where none are kept).
-pub fn metrics<B>(req: &Request<B>, request_metrics: Option<&RequestMetrics>) -> Response<Body> {
+/// Answers a request to the user metrics server.
+fn metrics<B>(req: &Request<B>, request_metrics: Option<&RequestMetrics>) -> Response<Body> {
     if req.uri().path() != METRICS {
         return not_found();
     }

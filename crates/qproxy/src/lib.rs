@@ -44,7 +44,7 @@ use tower::{Layer, service_fn};
 pub use config::{Config, ConfigError};
 pub use server::BindError;
 
-use crate::admin::Admin;
+use crate::admin::{Admin, Endpoint, MetricsEndpoint};
 use crate::drain::Drainer;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::timeout::go_duration;
@@ -250,65 +250,18 @@ impl Server {
             graceful.clone(),
             stopped.clone(),
         ));
-        servers.spawn(serve(
-            self.admin,
-            admin_builder(),
-            move |_| {
-                let admin = admin.clone();
-                ServerRulesLayer.layer(service_fn(move |req| {
-                    let admin = admin.clone();
-                    async move { Ok::<_, std::convert::Infallible>(admin.answer(req).await) }
-                }))
-            },
-            graceful.clone(),
-            stopped.clone(),
-        ));
-        servers.spawn(serve(
-            self.stats,
-            admin_builder(),
-            move |_| {
-                let endpoint = stats_endpoint.clone();
-                ServerRulesLayer.layer(service_fn(move |req| {
-                    let res = endpoint.answer(&req);
-                    async move { Ok::<_, std::convert::Infallible>(res) }
-                }))
-            },
-            graceful.clone(),
-            stopped.clone(),
-        ));
-        if let Some(metrics) = self.metrics {
-            servers.spawn(serve(
-                metrics,
-                admin_builder(),
-                move |_| {
-                    let request_metrics = request_metrics.clone();
-                    ServerRulesLayer.layer(service_fn(move |req| {
-                        let res = admin::metrics(&req, request_metrics.as_ref());
-                        async move { Ok::<_, std::convert::Infallible>(res) }
-                    }))
-                },
-                graceful.clone(),
-                stopped.clone(),
-            ));
+        let (g, s) = (&graceful, &stopped);
+        servers.spawn(small_server(self.admin, admin, g, s));
+        servers.spawn(small_server(self.stats, stats_endpoint, g, s));
+        if let Some(listener) = self.metrics {
+            let endpoint = MetricsEndpoint { request_metrics };
+            servers.spawn(small_server(listener, endpoint, g, s));
         }
-
         if let Some(listener) = self.profiling {
             tracing::info!("Profiling enabled: true");
             profiling::prepare_temp_dir();
-            let profiling = profiling::Profiling::default();
-            servers.spawn(serve(
-                listener,
-                admin_builder(),
-                move |_| {
-                    let profiling = profiling.clone();
-                    ServerRulesLayer.layer(service_fn(move |req| {
-                        let profiling = profiling.clone();
-                        async move { Ok::<_, std::convert::Infallible>(profiling.answer(req).await) }
-                    }))
-                },
-                graceful.clone(),
-                stopped.clone(),
-            ));
+            let endpoint = profiling::Profiling::default();
+            servers.spawn(small_server(listener, endpoint, g, s));
         }
 
         shutdown.await;
@@ -346,6 +299,30 @@ impl Server {
         tracing::info!("Shutdown complete, exiting...");
         Ok(())
     }
+}
+
+/// Serves one of the small servers (admin, stats, metrics, profiling) on
+/// `listener`: every request answered by `endpoint`, behind Go's server
+/// rules.
+fn small_server<E: Endpoint>(
+    listener: Listener,
+    endpoint: E,
+    graceful: &Arc<GracefulShutdown>,
+    stopped: &watch::Receiver<bool>,
+) -> impl Future<Output = ()> + Send + use<E> {
+    serve(
+        listener,
+        admin_builder(),
+        move |_| {
+            let endpoint = endpoint.clone();
+            ServerRulesLayer.layer(service_fn(move |req| {
+                let answer = endpoint.clone().respond(req);
+                async move { Ok::<_, std::convert::Infallible>(answer.await) }
+            }))
+        },
+        graceful.clone(),
+        stopped.clone(),
+    )
 }
 
 /// Serves `config` until SIGTERM or SIGINT, then drains and returns.

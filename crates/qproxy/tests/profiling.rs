@@ -8,6 +8,20 @@ use std::process::Command;
 
 use common::*;
 
+/// qproxy with profiling on (and `extra` set), and its profiling port.
+fn start_profiling(app_port: u16, extra: (&str, &str)) -> (QProxy, SocketAddr) {
+    let qp = QProxy::start(
+        app_port,
+        &[
+            ("ENABLE_PROFILING", "true"),
+            ("QPROXY_PROFILING_PORT", "0"),
+            extra,
+        ],
+    );
+    let port = profiling_port(&qp);
+    (qp, port)
+}
+
 /// The profiling port of `qp`, from its start-up log.
 fn profiling_port(qp: &QProxy) -> SocketAddr {
     let line = qp.wait_for_log("the profiling server", |l| {
@@ -20,15 +34,7 @@ fn profiling_port(qp: &QProxy) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread")]
 async fn serves_a_cpu_profile_go_tool_pprof_reads() {
     let app = App::hello().await;
-    let qp = QProxy::start(
-        app.port(),
-        &[
-            ("ENABLE_PROFILING", "true"),
-            ("QPROXY_PROFILING_PORT", "0"),
-            ("SERVING_LOGGING_LEVEL", "debug"),
-        ],
-    );
-    let profiling = profiling_port(&qp);
+    let (qp, profiling) = start_profiling(app.port(), ("SERVING_LOGGING_LEVEL", "debug"));
     qp.wait_for_log("the switch", |l| l["message"] == "Profiling enabled: true");
 
     let profile =
@@ -108,15 +114,7 @@ async fn profiles_work_without_a_writable_temporary_directory() {
     // As under Knative's read-only root filesystem: the usual temporary
     // directory cannot be written.
     let app = App::hello().await;
-    let qp = QProxy::start(
-        app.port(),
-        &[
-            ("ENABLE_PROFILING", "true"),
-            ("QPROXY_PROFILING_PORT", "0"),
-            ("TMPDIR", "/nonexistent/tmp"),
-        ],
-    );
-    let profiling = profiling_port(&qp);
+    let (_qp, profiling) = start_profiling(app.port(), ("TMPDIR", "/nonexistent/tmp"));
     let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
     assert_eq!(res.status(), 200, "{}", text(res).await);
 }
@@ -124,15 +122,7 @@ async fn profiles_work_without_a_writable_temporary_directory() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_profile_whose_client_left_frees_the_profiler() {
     let app = App::hello().await;
-    let qp = QProxy::start(
-        app.port(),
-        &[
-            ("ENABLE_PROFILING", "true"),
-            ("QPROXY_PROFILING_PORT", "0"),
-            ("SERVING_LOGGING_LEVEL", "debug"),
-        ],
-    );
-    let profiling = profiling_port(&qp);
+    let (qp, profiling) = start_profiling(app.port(), ("SERVING_LOGGING_LEVEL", "debug"));
     // A client asks for a long profile, then hangs up.
     let mut client = tokio::net::TcpStream::connect(profiling).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(
