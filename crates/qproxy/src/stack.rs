@@ -8,12 +8,12 @@
 //! |----------------------------|---------------------------------|
 //! | Go's `net/http` server     | [`ServerRulesLayer`]            |
 //! | (handler lifetimes)        | [`UpgradeHoldLayer`]            |
-//! | tracing                    | *(observability)*               |
-//! | request metrics            | [`MetricsLayer::revision`]      |
 //! | request log                | *(observability)*               |
 //! | drainer, health checks     | [`DrainLayer`]                  |
 //! | hijack tracker             | [`UpgradeHoldLayer`]'s [`Tunnels`] |
-//! | route tag                  | *(observability)*               |
+//! | tracing                    | *(observability)*               |
+//! | request metrics            | [`MetricsLayer::revision`]      |
+//! | route tag                  | [`MetricsLayer::revision`]      |
 //! | timeouts                   | [`TimeoutLayer`]                |
 //! | forwarded shim             | [`ForwardedShim`]               |
 //! | stats                      | [`StatsLayer`]                  |
@@ -22,7 +22,9 @@
 //! | app request metrics        | [`MetricsLayer::app`]           |
 //! | reverse proxy              | [`Proxy`]                       |
 //!
-//! Rows in italics are the seams the later pieces plug into.
+//! Rows in italics are the seams the later pieces plug into. The order is
+//! classic Knative's (serving v0.42), where the request metrics sit inside
+//! the drainer; current Knative's instruments will wrap it from outside.
 //!
 //! Layers that hold something for the life of a request (the breaker slot,
 //! the timeouts) hold it in the response body, which the client's

@@ -344,5 +344,7 @@ async fn each_probe_request_has_the_whole_try_timeout() {
         ],
     );
     assert_eq!(kubelet_health(qp.main).await.0, 200);
-    assert_eq!(app.seen().len(), 2, "detection and probe, passing at once");
+    // With one 100 ms for both, every try would fail (120 ms) and the check
+    // would answer 503 after 10 s. A loaded machine may fail a try or two.
+    assert!(app.seen().len() >= 2, "detection and probe");
 }
