@@ -108,70 +108,48 @@ where
                     Scope::Revision => route_tag(req.headers()),
                     Scope::App => Cow::Borrowed(""),
                 };
-                Some(Pending {
+                Some(Measuring {
                     metrics: metrics.clone(),
                     scope: layer.scope,
                     route_tag,
                     start: Instant::now(),
                     head: req.method() == http::Method::HEAD,
-                    answered: false,
+                    // Until a response comes, the outcome is Knative's 502.
+                    status: 502,
+                    complete: true,
                 })
             }
             _ => None,
         };
         MetricsFuture {
             inner: self.inner.call(req),
-            pending: measuring,
+            measuring,
         }
     }
 }
 
-/// A request measured until it has a response; dropped without one, it
-/// counts as a `502`.
-struct Pending {
+/// A request being measured, recorded once it is over: when its response
+/// body is done with, or, dropped before any response, as a `502`.
+#[derive(Debug)]
+pub struct Measuring {
     metrics: RequestMetrics,
     scope: Scope,
     route_tag: Cow<'static, str>,
     start: Instant,
     /// A `HEAD` request: its body is never sent, which is no abort.
     head: bool,
-    answered: bool,
-}
-
-impl Pending {
-    /// The measurement of its response, answered with `status`.
-    fn answered(mut self, status: u16) -> Measuring {
-        self.answered = true;
-        Measuring {
-            metrics: self.metrics.clone(),
-            scope: self.scope,
-            route_tag: std::mem::take(&mut self.route_tag),
-            // Go's proxy writes a 101 past the handlers, which see a 200.
-            status: if status == 101 { 200 } else { status },
-            start: self.start,
-            complete: self.head,
-        }
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if !self.answered {
-            let series = self.metrics.series(self.scope, 502, &self.route_tag);
-            series.record(self.start.elapsed());
-        }
-    }
-}
-
-/// A response being sent; recorded when its body is done with.
-#[derive(Debug)]
-pub struct Measuring {
-    metrics: RequestMetrics,
-    scope: Scope,
-    route_tag: Cow<'static, str>,
     status: u16,
-    start: Instant,
+    /// Whether the body (if any) was sent whole.
     complete: bool,
+}
+
+impl Measuring {
+    /// The request was answered with `status`; its body is yet to be sent.
+    fn answered(&mut self, status: u16) {
+        // Go's proxy writes a 101 past the handlers, which see a 200.
+        self.status = if status == 101 { 200 } else { status };
+        self.complete = self.head;
+    }
 }
 
 impl Settle for Measuring {
@@ -198,7 +176,7 @@ pin_project! {
     pub struct MetricsFuture<F> {
         #[pin]
         inner: F,
-        pending: Option<Pending>,
+        measuring: Option<Measuring>,
     }
 }
 
@@ -212,8 +190,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let res = std::task::ready!(this.inner.poll(cx))?;
-        let status = res.status().as_u16();
-        let measuring = this.pending.take().map(|p| p.answered(status));
+        let mut measuring = this.measuring.take();
+        if let Some(m) = &mut measuring {
+            m.answered(res.status().as_u16());
+        }
         Poll::Ready(Ok(res.map(|body| Guarded::new(body, measuring))))
     }
 }
