@@ -1,0 +1,606 @@
+//! The part of Go's `fmt` that templates reach: `%v` of every value, and
+//! `printf` with the common verbs, flags, widths and precisions.
+
+use crate::value::Value;
+
+/// Digits and decimal exponent of `f` (finite, non-zero, positive):
+/// `f = 0.d1d2d3... × 10^(exp+1)`, i.e. `exp` is the exponent of the first
+/// digit. With `precision`, rounded to that many significant digits;
+/// without, the shortest digits that read back as `f`.
+fn digits(f: f64, precision: Option<usize>) -> (Vec<u8>, i32) {
+    let s = match precision {
+        Some(p) => format!("{:.*e}", p.saturating_sub(1), f),
+        None => format!("{f:e}"),
+    };
+    let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
+    let digits = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    (digits, exp.parse().unwrap_or(0))
+}
+
+fn special(f: f64, plus: bool) -> Option<String> {
+    if f.is_nan() {
+        Some("NaN".to_owned())
+    } else if f.is_infinite() {
+        Some(if f > 0.0 { "+Inf" } else { "-Inf" }.to_owned())
+    } else if f == 0.0 {
+        let sign = if f.is_sign_negative() {
+            "-"
+        } else if plus {
+            "+"
+        } else {
+            ""
+        };
+        Some(format!("{sign}0"))
+    } else {
+        None
+    }
+}
+
+/// `digits` written as `d.ddde±XX`.
+fn exp_form(digits: &[u8], exp: i32, min_frac: usize) -> String {
+    let mut s = String::new();
+    s.push(digits[0] as char);
+    let frac = &digits[1..];
+    if !frac.is_empty() || min_frac > 0 {
+        s.push('.');
+        for d in frac {
+            s.push(*d as char);
+        }
+        for _ in frac.len()..min_frac {
+            s.push('0');
+        }
+    }
+    let sign = if exp < 0 { '-' } else { '+' };
+    s.push_str(&format!("e{sign}{:02}", exp.unsigned_abs()));
+    s
+}
+
+/// `digits` written without an exponent.
+fn plain_form(digits: &[u8], exp: i32) -> String {
+    let mut s = String::new();
+    if exp < 0 {
+        s.push_str("0.");
+        for _ in 0..(-exp - 1) {
+            s.push('0');
+        }
+        s.extend(digits.iter().map(|d| *d as char));
+    } else {
+        let int_len = exp as usize + 1;
+        for i in 0..int_len {
+            s.push(digits.get(i).map_or('0', |d| *d as char));
+        }
+        if digits.len() > int_len {
+            s.push('.');
+            s.extend(digits[int_len..].iter().map(|d| *d as char));
+        }
+    }
+    s
+}
+
+/// `%g` (and so `%v`) of a float: the shortest (or `precision`
+/// significant digits), with an exponent when it is below -4 or at least
+/// the precision (6 for the shortest), as Go's `strconv` chooses.
+fn float_g(f: f64, precision: Option<usize>, plus: bool) -> String {
+    if let Some(s) = special(f, plus) {
+        return s;
+    }
+    let sign = if f < 0.0 {
+        "-"
+    } else if plus {
+        "+"
+    } else {
+        ""
+    };
+    let precision = precision.map(|p| p.max(1));
+    let (mut digits, exp) = digits(f.abs(), precision);
+    while digits.len() > 1 && digits.last() == Some(&b'0') {
+        digits.pop();
+    }
+    let eprec = match precision {
+        None => 6,
+        Some(p) => {
+            let dp = exp + 1;
+            if p > digits.len() && digits.len() as i32 >= dp {
+                digits.len() as i32
+            } else {
+                p as i32
+            }
+        }
+    };
+    let body = if exp < -4 || exp >= eprec {
+        exp_form(&digits, exp, 0)
+    } else {
+        plain_form(&digits, exp)
+    };
+    format!("{sign}{body}")
+}
+
+/// Go's `%v` of a `float64`.
+pub fn float_v(f: f64) -> String {
+    float_g(f, None, false)
+}
+
+/// One `printf` directive's flags.
+#[derive(Default, Clone, Copy)]
+struct Spec {
+    minus: bool,
+    plus: bool,
+    sharp: bool,
+    space: bool,
+    zero: bool,
+    width: Option<usize>,
+    precision: Option<usize>,
+}
+
+impl Spec {
+    /// Pads `s` (already signed) to the width.
+    fn pad(&self, s: &[u8], numeric: bool, out: &mut Vec<u8>) {
+        let len = std::str::from_utf8(s).map_or(s.len(), |s| s.chars().count());
+        let fill = self.width.map_or(0, |w| w.saturating_sub(len));
+        if self.minus {
+            out.extend_from_slice(s);
+            out.extend(std::iter::repeat_n(b' ', fill));
+        } else if self.zero && numeric {
+            let sign = usize::from(matches!(s.first(), Some(b'-' | b'+' | b' ')));
+            out.extend_from_slice(&s[..sign]);
+            out.extend(std::iter::repeat_n(b'0', fill));
+            out.extend_from_slice(&s[sign..]);
+        } else {
+            out.extend(std::iter::repeat_n(b' ', fill));
+            out.extend_from_slice(s);
+        }
+    }
+
+    fn sign(&self, negative: bool) -> &'static str {
+        if negative {
+            "-"
+        } else if self.plus {
+            "+"
+        } else if self.space {
+            " "
+        } else {
+            ""
+        }
+    }
+}
+
+/// Go's `fmt.Sprintf`.
+pub fn sprintf(format: &[u8], args: &[Value<'_>], out: &mut Vec<u8>) {
+    let mut next = 0;
+    let mut i = 0;
+    while i < format.len() {
+        let c = format[i];
+        if c != b'%' {
+            let start = i;
+            while i < format.len() && format[i] != b'%' {
+                i += 1;
+            }
+            out.extend_from_slice(&format[start..i]);
+            continue;
+        }
+        i += 1;
+        let mut spec = Spec::default();
+        while let Some(&f) = format.get(i) {
+            match f {
+                b'-' => spec.minus = true,
+                b'+' => spec.plus = true,
+                b'#' => spec.sharp = true,
+                b' ' => spec.space = true,
+                b'0' => spec.zero = true,
+                _ => break,
+            }
+            i += 1;
+        }
+        let number = |i: &mut usize| {
+            let start = *i;
+            while format.get(*i).is_some_and(u8::is_ascii_digit) {
+                *i += 1;
+            }
+            std::str::from_utf8(&format[start..*i])
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+        };
+        spec.width = number(&mut i);
+        if format.get(i) == Some(&b'.') {
+            i += 1;
+            spec.precision = Some(number(&mut i).unwrap_or(0));
+        }
+        let Some(&verb) = format.get(i) else {
+            out.extend_from_slice(b"%!(NOVERB)");
+            break;
+        };
+        // A verb is one (UTF-8) character.
+        let verb_len = std::str::from_utf8(&format[i..])
+            .ok()
+            .and_then(|s| s.chars().next())
+            .map_or(1, char::len_utf8);
+        let verb_bytes = &format[i..i + verb_len];
+        i += verb_len;
+        if verb == b'%' {
+            out.push(b'%');
+            continue;
+        }
+        match args.get(next) {
+            None => {
+                out.extend_from_slice(b"%!");
+                out.extend_from_slice(verb_bytes);
+                out.extend_from_slice(b"(MISSING)");
+            }
+            Some(arg) => {
+                next += 1;
+                if verb_len != 1 || !format_one(verb, spec, arg, out) {
+                    bad_verb(verb_bytes, arg, out);
+                }
+            }
+        }
+    }
+    if next < args.len() {
+        out.extend_from_slice(b"%!(EXTRA ");
+        for (n, arg) in args[next..].iter().enumerate() {
+            if n > 0 {
+                out.extend_from_slice(b", ");
+            }
+            out.extend_from_slice(arg.type_name().as_bytes());
+            out.push(b'=');
+            arg.write_v(out);
+        }
+        out.push(b')');
+    }
+}
+
+/// `%!v(type=value)`.
+fn bad_verb(verb: &[u8], arg: &Value<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"%!");
+    out.extend_from_slice(verb);
+    out.push(b'(');
+    if let Value::Nil | Value::Missing = arg {
+        out.extend_from_slice(b"<nil>");
+    } else {
+        out.extend_from_slice(arg.type_name().as_bytes());
+        out.push(b'=');
+        arg.write_v(out);
+    }
+    out.push(b')');
+}
+
+/// Formats `arg` with `verb`; false when the verb does not apply to it.
+fn format_one(verb: u8, spec: Spec, arg: &Value<'_>, out: &mut Vec<u8>) -> bool {
+    let mut s = Vec::new();
+    let numeric;
+    match (verb, arg) {
+        (b'T', _) => {
+            s.extend_from_slice(arg.type_name().as_bytes());
+            numeric = false;
+        }
+        (b'v', Value::Float(f)) => {
+            s = float_g(*f, spec.precision, spec.plus).into_bytes();
+            numeric = true;
+        }
+        (b'v' | b'd', Value::Int(n)) => {
+            s = format!("{}{}", spec.sign(*n < 0), n.unsigned_abs()).into_bytes();
+            numeric = true;
+        }
+        (b'v', Value::List(items)) => {
+            s.push(b'[');
+            for (n, item) in items.iter().enumerate() {
+                if n > 0 {
+                    s.push(b' ');
+                }
+                let inner = Spec {
+                    width: spec.width,
+                    minus: spec.minus,
+                    ..Spec::default()
+                };
+                format_one(b'v', inner, item, &mut s);
+            }
+            s.push(b']');
+            out.extend_from_slice(&s);
+            return true;
+        }
+        (b'v' | b's', Value::Str(v)) => {
+            let v = match spec.precision {
+                Some(p) => truncate_chars(v, p),
+                None => v,
+            };
+            s.extend_from_slice(v);
+            numeric = false;
+        }
+        (b'v', _) => {
+            arg.write_v(&mut s);
+            numeric = false;
+        }
+        (b's', Value::List(items)) => {
+            s.push(b'[');
+            for (n, item) in items.iter().enumerate() {
+                if n > 0 {
+                    s.push(b' ');
+                }
+                if !format_one(b's', spec, item, &mut s) {
+                    bad_verb(b"s", item, &mut s);
+                }
+            }
+            s.push(b']');
+            out.extend_from_slice(&s);
+            return true;
+        }
+        (b't', Value::Bool(b)) => {
+            s.extend_from_slice(if *b { b"true" } else { b"false" });
+            numeric = false;
+        }
+        (b'f' | b'F', Value::Float(f)) => {
+            s = float_f(*f, spec.precision.unwrap_or(6), spec).into_bytes();
+            numeric = true;
+        }
+        (b'e' | b'E', Value::Float(f)) => {
+            let body = match special(f.abs(), false) {
+                Some(sp) if !f.is_finite() => sp,
+                _ => {
+                    let p = spec.precision.unwrap_or(6);
+                    let (digits, exp) = if *f == 0.0 {
+                        (vec![b'0'; p + 1], 0)
+                    } else {
+                        digits(f.abs(), Some(p + 1))
+                    };
+                    exp_form(&digits, exp, p)
+                }
+            };
+            let body = if verb == b'E' {
+                body.to_uppercase()
+            } else {
+                body
+            };
+            s = format!(
+                "{}{}",
+                spec.sign(f.is_sign_negative()),
+                body.trim_start_matches(['+', '-'])
+            )
+            .into_bytes();
+            numeric = true;
+        }
+        (b'g' | b'G', Value::Float(f)) => {
+            let body = float_g(*f, spec.precision, spec.plus);
+            s = if verb == b'G' {
+                body.to_uppercase()
+            } else {
+                body
+            }
+            .into_bytes();
+            numeric = true;
+        }
+        (b'x' | b'X', Value::Int(n)) => {
+            let digits = if verb == b'x' {
+                format!("{:x}", n.unsigned_abs())
+            } else {
+                format!("{:X}", n.unsigned_abs())
+            };
+            let prefix = match (spec.sharp, verb) {
+                (true, b'x') => "0x",
+                (true, _) => "0X",
+                _ => "",
+            };
+            s = format!("{}{prefix}{digits}", spec.sign(*n < 0)).into_bytes();
+            numeric = true;
+        }
+        (b'x' | b'X', Value::Str(v)) => {
+            for b in v.iter() {
+                s.extend_from_slice(
+                    if verb == b'x' {
+                        format!("{b:02x}")
+                    } else {
+                        format!("{b:02X}")
+                    }
+                    .as_bytes(),
+                );
+            }
+            numeric = false;
+        }
+        (b'q', Value::Str(v)) => {
+            quote(v, &mut s);
+            numeric = false;
+        }
+        (b'c', Value::Int(n)) => {
+            let c = u32::try_from(*n)
+                .ok()
+                .and_then(char::from_u32)
+                .unwrap_or('\u{FFFD}');
+            s.extend_from_slice(c.to_string().as_bytes());
+            numeric = false;
+        }
+        (b'U', Value::Int(n)) => {
+            s = format!("U+{:04X}", n).into_bytes();
+            numeric = false;
+        }
+        (b'o', Value::Int(n)) => {
+            s = format!("{}{:o}", spec.sign(*n < 0), n.unsigned_abs()).into_bytes();
+            numeric = true;
+        }
+        (b'b', Value::Int(n)) => {
+            s = format!("{}{:b}", spec.sign(*n < 0), n.unsigned_abs()).into_bytes();
+            numeric = true;
+        }
+        _ => return false,
+    }
+    spec.pad(&s, numeric, out);
+    true
+}
+
+fn truncate_chars(v: &[u8], chars: usize) -> &[u8] {
+    match std::str::from_utf8(v) {
+        Ok(s) => s.char_indices().nth(chars).map_or(v, |(at, _)| &v[..at]),
+        Err(_) => &v[..v.len().min(chars)],
+    }
+}
+
+fn float_f(f: f64, precision: usize, spec: Spec) -> String {
+    if !f.is_finite() {
+        return special(f, spec.plus).unwrap_or_default();
+    }
+    let body = format!("{:.*}", precision, f.abs());
+    format!("{}{body}", spec.sign(f.is_sign_negative()))
+}
+
+/// Go's `strconv.Quote`.
+pub fn quote(v: &[u8], out: &mut Vec<u8>) {
+    out.push(b'"');
+    let mut rest = v;
+    while !rest.is_empty() {
+        let (c, len) = match std::str::from_utf8(&rest[..rest.len().min(4)]) {
+            Ok(s) => s.chars().next().map(|c| (Some(c), c.len_utf8())),
+            Err(e) if e.valid_up_to() > 0 => std::str::from_utf8(&rest[..e.valid_up_to()])
+                .ok()
+                .and_then(|s| s.chars().next())
+                .map(|c| (Some(c), c.len_utf8())),
+            Err(_) => None,
+        }
+        .unwrap_or((None, 1));
+        match c {
+            None => out.extend_from_slice(format!("\\x{:02x}", rest[0]).as_bytes()),
+            Some('"') => out.extend_from_slice(b"\\\""),
+            Some('\\') => out.extend_from_slice(b"\\\\"),
+            Some('\x07') => out.extend_from_slice(b"\\a"),
+            Some('\x08') => out.extend_from_slice(b"\\b"),
+            Some('\x0c') => out.extend_from_slice(b"\\f"),
+            Some('\n') => out.extend_from_slice(b"\\n"),
+            Some('\r') => out.extend_from_slice(b"\\r"),
+            Some('\t') => out.extend_from_slice(b"\\t"),
+            Some('\x0b') => out.extend_from_slice(b"\\v"),
+            Some(c) if is_print(c) => out.extend_from_slice(&rest[..len]),
+            Some(c) if (c as u32) < 0x80 => {
+                out.extend_from_slice(format!("\\x{:02x}", c as u32).as_bytes())
+            }
+            Some(c) if (c as u32) < 0x10000 => {
+                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes())
+            }
+            Some(c) => out.extend_from_slice(format!("\\U{:08x}", c as u32).as_bytes()),
+        }
+        rest = &rest[len..];
+    }
+    out.push(b'"');
+}
+
+/// Go's `unicode.IsPrint`: letters, marks, numbers, punctuation, symbols
+/// and the ASCII space.
+pub fn is_print(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory as G, get_general_category};
+    if c == ' ' {
+        return true;
+    }
+    !matches!(
+        get_general_category(c),
+        G::Control
+            | G::Format
+            | G::Surrogate
+            | G::PrivateUse
+            | G::Unassigned
+            | G::SpaceSeparator
+            | G::LineSeparator
+            | G::ParagraphSeparator
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn printf(format: &str, args: &[Value<'_>]) -> String {
+        let mut out = Vec::new();
+        sprintf(format.as_bytes(), args, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn floats_print_as_go_prints_them() {
+        for (f, go) in [
+            (0.0, "0"),
+            (1.0, "1"),
+            (0.5, "0.5"),
+            (0.001234567, "0.001234567"),
+            (0.0001, "0.0001"),
+            (0.00001234, "1.234e-05"),
+            (123456.0, "123456"),
+            (1234567.0, "1.234567e+06"),
+            (1e21, "1e+21"),
+            (-2.5, "-2.5"),
+            (1.0 / 3.0, "0.3333333333333333"),
+            (f64::INFINITY, "+Inf"),
+            (f64::NAN, "NaN"),
+        ] {
+            assert_eq!(float_v(f), go, "{f}");
+        }
+    }
+
+    #[test]
+    fn printf_verbs() {
+        assert_eq!(
+            printf(
+                "%d|%5d|%-5d|%05d",
+                &[
+                    Value::Int(3),
+                    Value::Int(-42),
+                    Value::Int(7),
+                    Value::Int(-42)
+                ]
+            ),
+            "3|  -42|7    |-0042"
+        );
+        assert_eq!(
+            printf(
+                "%.3f|%f|%8.2f",
+                &[Value::Float(1.23456), Value::Float(2.0), Value::Float(-2.5)]
+            ),
+            "1.235|2.000000|   -2.50"
+        );
+        assert_eq!(
+            printf("%s=%q", &[Value::str("a"), Value::str("b\"\n")]),
+            "a=\"b\\\"\\n\""
+        );
+        assert_eq!(printf("%d", &[Value::str("x")]), "%!d(string=x)");
+        assert_eq!(printf("%s %s", &[Value::str("x")]), "x %!s(MISSING)");
+        assert_eq!(
+            printf("%s", &[Value::str("x"), Value::Int(1)]),
+            "x%!(EXTRA int=1)"
+        );
+        assert_eq!(printf("100%%", &[]), "100%");
+        assert_eq!(
+            printf(
+                "%e|%.2e|%g|%.3g",
+                &[
+                    Value::Float(1234.5678),
+                    Value::Float(0.000123),
+                    Value::Float(1e-7),
+                    Value::Float(1234.5678)
+                ]
+            ),
+            "1.234568e+03|1.23e-04|1e-07|1.23e+03"
+        );
+        assert_eq!(
+            printf(
+                "%x|%X|%#x|%x",
+                &[
+                    Value::Int(255),
+                    Value::Int(255),
+                    Value::Int(255),
+                    Value::str("hi")
+                ]
+            ),
+            "ff|FF|0xff|6869"
+        );
+        assert_eq!(
+            printf(
+                "%v|%s",
+                &[
+                    Value::List(vec![Value::str("a"), Value::str("b")]),
+                    Value::List(vec![])
+                ]
+            ),
+            "[a b]|[]"
+        );
+        assert_eq!(
+            printf(
+                "%t|%v|%T",
+                &[Value::Bool(true), Value::Nil, Value::Float(1.0)]
+            ),
+            "true|<nil>|float64"
+        );
+    }
+}
