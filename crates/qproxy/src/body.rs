@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
@@ -120,6 +120,11 @@ impl http_body::Body for RequestBody {
 /// What a [`Guarded`] body's guard is told when the body is done with:
 /// whether it was sent whole.
 pub trait Settle {
+    /// A data frame of `len` bytes is passing to the client.
+    fn data(&mut self, len: usize) {
+        let _ = len;
+    }
+
     /// Called once, just before the guard is dropped: `complete` is true
     /// when the body reached its end, false when it failed or was dropped
     /// (the client went away) before that.
@@ -182,6 +187,12 @@ impl<B: http_body::Body, G: Settle> http_body::Body for Guarded<B, G> {
         let this = self.project();
         let polled = this.body.poll_frame(cx);
         let complete = match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(guard), Some(data)) = (this.guard.as_mut(), frame.data_ref()) {
+                    guard.data(data.remaining());
+                }
+                None
+            }
             Poll::Ready(None) => Some(true),
             Poll::Ready(Some(Err(_))) => Some(false),
             _ => None,

@@ -52,6 +52,13 @@ pub fn is_kubelet_probe(headers: &http::HeaderMap) -> bool {
         || headers.get(K_KUBELET_PROBE).is_some_and(|v| !v.is_empty())
 }
 
+/// Whether Knative counts a request as a probe (kept out of request
+/// metrics and, unless asked, request logs): a kubelet probe or any
+/// `K-Network-Probe`.
+pub fn is_probe(headers: &http::HeaderMap) -> bool {
+    is_kubelet_probe(headers) || headers.get(K_NETWORK_PROBE).is_some_and(|v| !v.is_empty())
+}
+
 /// A header map from name/value pairs, for tests.
 #[cfg(test)]
 pub(crate) fn header_map(pairs: &[(&str, &str)]) -> http::HeaderMap {

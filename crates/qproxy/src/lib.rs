@@ -49,6 +49,7 @@ use crate::drain::Drainer;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::timeout::go_duration;
 use crate::layers::upgrade::Tunnels;
+use crate::observe::request_log::RequestLog;
 use crate::observe::request_metrics::{self, RequestMetrics};
 use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
@@ -194,6 +195,19 @@ impl Server {
             .observability
             .classic_prometheus_metrics()
             .then(|| RequestMetrics::new(&config.revision));
+        let log = config.observability.request_log();
+        // The configuration checked the template; one that failed here
+        // would only mean no request log.
+        let request_log = match log.template() {
+            Some(Ok(template)) => Some(Arc::new(RequestLog::new(
+                template,
+                &log.template,
+                log.probes,
+                config.observability.generation(),
+                config.revision.clone(),
+            ))),
+            _ => None,
+        };
         let shared = Shared {
             upstream: Arc::new(Upstream::new(
                 config.ports.user,
@@ -208,6 +222,7 @@ impl Server {
             readiness,
             tunnels: tunnels.clone(),
             request_metrics: request_metrics.clone(),
+            request_log,
         };
         let admin = Admin {
             drainer: drainer.clone(),

@@ -8,7 +8,7 @@
 //! |----------------------------|---------------------------------|
 //! | Go's `net/http` server     | [`ServerRulesLayer`]            |
 //! | (handler lifetimes)        | [`UpgradeHoldLayer`]            |
-//! | request log                | *(observability)*               |
+//! | request log                | [`RequestLogLayer`]             |
 //! | drainer, health checks     | [`DrainLayer`]                  |
 //! | hijack tracker             | [`UpgradeHoldLayer`]'s [`Tunnels`] |
 //! | tracing                    | *(observability)*               |
@@ -53,17 +53,19 @@ use crate::layers::drain::DrainLayer;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::metrics::{MetricsBody, MetricsLayer};
+use crate::layers::request_log::{LoggedBody, RequestLogLayer};
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::upgrade::{Tunnels, UpgradeHoldLayer};
+use crate::observe::request_log::SharedRequestLog;
 use crate::observe::request_metrics::RequestMetrics;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
 use crate::server::Conn;
 
 /// The response body of the main port.
-pub type MainBody = MetricsBody<TimeoutBody<StatsBody<PermitBody<MetricsBody<Body>>>>>;
+pub type MainBody = LoggedBody<MetricsBody<TimeoutBody<StatsBody<PermitBody<MetricsBody<Body>>>>>>;
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
@@ -88,6 +90,8 @@ pub struct Shared {
     pub tunnels: Tunnels,
     /// Request metrics, when served.
     pub request_metrics: Option<RequestMetrics>,
+    /// The request log, when enabled.
+    pub request_log: Option<SharedRequestLog>,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -105,6 +109,10 @@ pub fn main_service(
     ServiceBuilder::new()
         .layer(ServerRulesLayer)
         .layer(UpgradeHoldLayer::new(shared.tunnels.clone()))
+        .layer(RequestLogLayer::new(
+            shared.request_log.clone(),
+            conn.remote,
+        ))
         .layer(DrainLayer::new(
             shared.drainer.clone(),
             shared.readiness.clone(),

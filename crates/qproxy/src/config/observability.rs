@@ -88,6 +88,36 @@ pub struct RequestLog {
     pub probes: bool,
 }
 
+impl RequestLog {
+    /// The template to render, with the newline Knative adds when it lacks
+    /// one; `None` when request logs are off (not enabled, or an empty
+    /// template, which Knative takes as off).
+    pub fn template(&self) -> Option<Result<go_template::Template, go_template::ParseError>> {
+        if !self.enabled || self.template.is_empty() {
+            return None;
+        }
+        let mut src = self.template.clone();
+        if !src.ends_with('\n') {
+            src.push('\n');
+        }
+        Some(go_template::Template::parse(&src))
+    }
+
+    /// Rejects a template that does not parse, naming `variable`. Knative
+    /// logs the error and serves without request logs; a broken template
+    /// is a configuration mistake better caught at start.
+    fn check(self, variable: &'static str) -> Result<Self, ConfigError> {
+        match self.template() {
+            Some(Err(e)) => Err(ConfigError::invalid(
+                variable,
+                &self.template,
+                format!("the request log template does not parse: {e}"),
+            )),
+            _ => Ok(self),
+        }
+    }
+}
+
 /// Classic (serving v0.42) settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Classic {
@@ -175,7 +205,8 @@ impl Classic {
                     .unwrap_or_default()
                     .to_owned(),
                 probes: vars.bool("SERVING_ENABLE_PROBE_REQUEST_LOG")?,
-            },
+            }
+            .check("SERVING_REQUEST_LOG_TEMPLATE")?,
             request_metrics_backend,
             request_metrics_reporting_period: vars
                 .seconds("SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS")?,
@@ -361,7 +392,8 @@ impl Current {
                     .request_log_template
                     .unwrap_or_else(|| DEFAULT_REQUEST_LOG_TEMPLATE.to_owned()),
                 probes: raw.enable_probe_request_log,
-            },
+            }
+            .check(OBSERVABILITY_CONFIG)?,
         })
     }
 }
@@ -441,6 +473,23 @@ mod tests {
         assert_eq!(c.zipkin_endpoint, None);
         assert!(!c.request_log.enabled);
         assert_eq!(c.request_log.template, DEFAULT_REQUEST_LOG_TEMPLATE);
+    }
+
+    #[test]
+    fn a_request_log_template_that_does_not_parse_is_rejected_when_enabled() {
+        let bad = "{{.Request.Method";
+        let e = classic(&[
+            ("SERVING_ENABLE_REQUEST_LOG", "true"),
+            ("SERVING_REQUEST_LOG_TEMPLATE", bad),
+        ])
+        .unwrap_err();
+        assert_eq!(e.variable(), "SERVING_REQUEST_LOG_TEMPLATE");
+        assert!(e.to_string().contains("does not parse"), "{e}");
+        // Off, it is never used, as in Knative.
+        assert!(classic(&[("SERVING_REQUEST_LOG_TEMPLATE", bad)]).is_ok());
+        let json = r#"{"enableRequestLog":true,"requestLogTemplate":"{{nofunc}}"}"#;
+        let e = classic(&[("OBSERVABILITY_CONFIG", json)]).unwrap_err();
+        assert_eq!(e.variable(), "OBSERVABILITY_CONFIG");
     }
 
     #[test]

@@ -21,13 +21,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use breaker::Breaker;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use crate::body::{Guarded, Settle};
-use crate::headers::{K_NETWORK_PROBE, is_kubelet_probe};
+use crate::headers::is_probe;
 use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
 
 /// Adds [`Metrics`] to a stack.
@@ -75,12 +75,6 @@ impl<S> Layer<S> for MetricsLayer {
 pub struct Metrics<S> {
     inner: S,
     layer: MetricsLayer,
-}
-
-/// Whether Knative counts a request as a probe: a kubelet probe or any
-/// `K-Network-Probe`.
-fn is_probe(headers: &HeaderMap) -> bool {
-    is_kubelet_probe(headers) || headers.get(K_NETWORK_PROBE).is_some_and(|v| !v.is_empty())
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Metrics<S>

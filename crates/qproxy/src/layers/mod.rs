@@ -9,6 +9,7 @@ pub mod drain;
 pub mod forwarded;
 pub mod host_rewrite;
 pub mod metrics;
+pub mod request_log;
 pub mod server_rules;
 pub mod stats;
 pub mod timeout;

@@ -262,8 +262,12 @@ fn collect_lines(
     std::thread::spawn(move || {
         for line in BufReader::new(from).lines() {
             let Ok(line) = line else { break };
+            // Log lines are JSON; request log lines are what their
+            // template makes them, kept whole under `_raw`.
             let mut value: Value = serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("{stream} line is not JSON ({e}): {line}"));
+                .ok()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| serde_json::json!({ "_raw": line }));
             value["_stream"] = stream.into();
             let (lines, changed) = &*logs;
             lines.lock().unwrap().push(value);
@@ -629,4 +633,58 @@ pub async fn websocket_echo_app() -> u16 {
         }
     })
     .await
+}
+
+/// An app that upgrades `/ws` to an echoing WebSocket and cuts every other
+/// response short: its head promises 100 bytes, 5 come, then the
+/// connection closes.
+pub async fn upgrade_and_abort_app() -> u16 {
+    raw_app(|mut stream| async move {
+        let mut peek = [0u8; 8];
+        let Ok(n) = stream.peek(&mut peek).await else {
+            return;
+        };
+        if peek[..n].starts_with(b"GET /ws ") {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                return;
+            };
+            while let Some(Ok(msg)) = ws.next().await {
+                if msg.is_close() || ws.send(msg).await.is_err() {
+                    break;
+                }
+            }
+        } else {
+            read_request(&mut stream).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
+                .await;
+        }
+    })
+    .await
+}
+
+/// A WebSocket opened and closed, then a response cut short.
+pub async fn play_upgrade_and_abort(main: SocketAddr) {
+    let mut ws = websocket(main).await;
+    ws.close(None).await.unwrap();
+    while within("the close", ws.next()).await.is_some() {}
+    drop(ws);
+    // The client gets no complete answer: Go drops the connection before
+    // its buffered head goes out; qproxy sends the head, then cuts the body.
+    let stream = tokio::net::TcpStream::connect(main).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let sent = within(
+        "the cut response",
+        sender.send_request(get("/cut", &[("Host", "hello.example.com")])),
+    )
+    .await;
+    let complete = match sent {
+        Ok(res) => res.into_body().collect().await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!complete, "the response is cut short");
 }

@@ -1,0 +1,161 @@
+//! Request logs, taken where Knative's `RequestLogHandler` takes them:
+//! outside the drainer, so that health checks are seen (and logged when
+//! probe logging is on).
+//!
+//! A line is written when the response is done with: its body sent (or
+//! cut off, or abandoned by the client), an upgraded connection closed, or
+//! the request given up before any response. The status logged is the one
+//! Go's handlers see: `500` with no size for a body cut off (Go's proxy
+//! aborts the handler), `200` for an upgrade (Go's proxy writes the `101`
+//! past them), `502` for a request dropped before its response (Knative's
+//! proxy error handler answers a cancelled request so). Without a request
+//! log, the layer passes everything through untouched.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use crate::body::{Guarded, Settle};
+use crate::headers::is_probe;
+use crate::observe::request_log::{Arrived, SharedRequestLog};
+
+/// Adds [`RequestLogging`] to a stack.
+#[derive(Debug, Clone)]
+pub struct RequestLogLayer {
+    log: Option<SharedRequestLog>,
+    remote: SocketAddr,
+}
+
+impl RequestLogLayer {
+    /// Logs the requests of a connection from `remote` to `log`, if any.
+    pub fn new(log: Option<SharedRequestLog>, remote: SocketAddr) -> Self {
+        Self { log, remote }
+    }
+}
+
+impl<S> Layer<S> for RequestLogLayer {
+    type Service = RequestLogging<S>;
+
+    fn layer(&self, inner: S) -> RequestLogging<S> {
+        RequestLogging {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Logs each request; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct RequestLogging<S> {
+    inner: S,
+    layer: RequestLogLayer,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestLogging<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: http_body::Body,
+    ResBody: http_body::Body,
+{
+    type Response = Response<LoggedBody<ResBody>>;
+    type Error = S::Error;
+    type Future = LoggedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let entry = match &self.layer.log {
+            Some(log) if log.logs_probes() || !is_probe(req.headers()) => Some(Entry {
+                arrived: log.arrived(&req, self.layer.remote),
+                log: log.clone(),
+                start: Instant::now(),
+                head: req.method() == http::Method::HEAD,
+                status: 502,
+                size: 0,
+                complete: true,
+            }),
+            _ => None,
+        };
+        LoggedFuture {
+            inner: self.inner.call(req),
+            entry,
+        }
+    }
+}
+
+/// A request whose line is yet to be written.
+#[derive(Debug)]
+pub struct Entry {
+    log: SharedRequestLog,
+    arrived: Arrived,
+    start: Instant,
+    /// A `HEAD` request: its body is never sent, which is no abort.
+    head: bool,
+    status: u16,
+    size: u64,
+    /// Whether the body (if any) was sent whole.
+    complete: bool,
+}
+
+impl Settle for Entry {
+    fn data(&mut self, len: usize) {
+        self.size += len as u64;
+    }
+
+    fn settle(&mut self, complete: bool) {
+        self.complete |= complete;
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let (status, size) = if self.complete {
+            (self.status, self.size)
+        } else {
+            (500, 0)
+        };
+        self.log
+            .write(&self.arrived, status, size, self.start.elapsed());
+    }
+}
+
+/// The response body of [`RequestLogging`].
+pub type LoggedBody<B> = Guarded<B, Entry>;
+
+pin_project! {
+    /// The response of [`RequestLogging`].
+    pub struct LoggedFuture<F> {
+        #[pin]
+        inner: F,
+        entry: Option<Entry>,
+    }
+}
+
+impl<F, B, E> Future for LoggedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body,
+{
+    type Output = Result<Response<LoggedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let res = std::task::ready!(this.inner.poll(cx))?;
+        let mut entry = this.entry.take();
+        if let Some(e) = &mut entry {
+            let status = res.status().as_u16();
+            // Go's proxy writes a 101 past the handlers, which see a 200.
+            e.status = if status == 101 { 200 } else { status };
+            e.complete = e.head;
+        }
+        Poll::Ready(Ok(res.map(|body| Guarded::new(body, entry))))
+    }
+}
