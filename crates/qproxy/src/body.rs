@@ -120,6 +120,11 @@ impl http_body::Body for RequestBody {
 /// What a [`Guarded`] body's guard is told when the body is done with:
 /// whether it was sent whole.
 pub trait Settle {
+    /// The request was answered with `status`; the body is yet to be sent.
+    fn answered(&mut self, status: http::StatusCode) {
+        let _ = status;
+    }
+
     /// A data frame of `len` bytes is passing to the client.
     fn data(&mut self, len: usize) {
         let _ = len;
@@ -211,5 +216,86 @@ impl<B: http_body::Body, G: Settle> http_body::Body for Guarded<B, G> {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response future whose guard learns the status and then goes with
+    /// the body: what a layer that follows a request to its end returns.
+    pub struct GuardedFuture<F, G> {
+        #[pin]
+        inner: F,
+        guard: Option<G>,
+    }
+}
+
+impl<F, G> GuardedFuture<F, G> {
+    /// `inner`, with `guard` (if any) to follow its response.
+    pub fn new(inner: F, guard: Option<G>) -> Self {
+        Self { inner, guard }
+    }
+}
+
+impl<F, B, E, G> std::future::Future for GuardedFuture<F, G>
+where
+    F: std::future::Future<Output = Result<http::Response<B>, E>>,
+    B: http_body::Body,
+    G: Settle,
+{
+    type Output = Result<http::Response<Guarded<B, G>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let res = std::task::ready!(this.inner.poll(cx))?;
+        let mut guard = this.guard.take();
+        if let Some(g) = &mut guard {
+            g.answered(res.status());
+        }
+        Poll::Ready(Ok(res.map(|body| Guarded::new(body, guard))))
+    }
+}
+
+/// How a request ended, as Go's handlers see it: the status a request's
+/// observers (metrics, request logs) record.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// A `HEAD` request: its body is never sent, which is no abort.
+    head: bool,
+    status: u16,
+    /// Whether the body (if any) was sent whole.
+    complete: bool,
+}
+
+impl Outcome {
+    /// A request with `method`, not answered yet: until a response comes,
+    /// the outcome is the `502` Knative's proxy error handler gives a
+    /// request that ends without one.
+    pub fn new(method: &http::Method) -> Self {
+        Self {
+            head: method == http::Method::HEAD,
+            status: 502,
+            complete: true,
+        }
+    }
+
+    /// The request was answered with `status`.
+    pub fn answered(&mut self, status: http::StatusCode) {
+        // Go's proxy writes a 101 past the handlers, which see a 200.
+        self.status = match status.as_u16() {
+            101 => 200,
+            s => s,
+        };
+        self.complete = self.head;
+    }
+
+    /// The body was done with; `complete` if it was sent whole.
+    pub fn settle(&mut self, complete: bool) {
+        self.complete |= complete;
+    }
+
+    /// The status recorded, or `None` for a body cut off, which Go's proxy
+    /// aborts and Knative's handlers record as a `500`.
+    pub fn status(&self) -> Option<u16> {
+        self.complete.then_some(self.status)
     }
 }

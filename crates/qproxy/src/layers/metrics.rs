@@ -16,17 +16,14 @@
 //! metrics, the layer passes everything through untouched.
 
 use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use breaker::Breaker;
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::body::{Guarded, Settle};
+use crate::body::{Guarded, GuardedFuture, Outcome, Settle};
 use crate::headers::is_probe;
 use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
 
@@ -84,7 +81,7 @@ where
 {
     type Response = Response<MetricsBody<ResBody>>;
     type Error = S::Error;
-    type Future = MetricsFuture<S::Future>;
+    type Future = GuardedFuture<S::Future, Measuring>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -107,18 +104,12 @@ where
                     scope: layer.scope,
                     route_tag,
                     start: Instant::now(),
-                    head: req.method() == http::Method::HEAD,
-                    // Until a response comes, the outcome is Knative's 502.
-                    status: 502,
-                    complete: true,
+                    outcome: Outcome::new(req.method()),
                 })
             }
             _ => None,
         };
-        MetricsFuture {
-            inner: self.inner.call(req),
-            measuring,
-        }
+        GuardedFuture::new(self.inner.call(req), measuring)
     }
 }
 
@@ -130,33 +121,22 @@ pub struct Measuring {
     scope: Scope,
     route_tag: Cow<'static, str>,
     start: Instant,
-    /// A `HEAD` request: its body is never sent, which is no abort.
-    head: bool,
-    status: u16,
-    /// Whether the body (if any) was sent whole.
-    complete: bool,
-}
-
-impl Measuring {
-    /// The request was answered with `status`; its body is yet to be sent.
-    fn answered(&mut self, status: u16) {
-        // Go's proxy writes a 101 past the handlers, which see a 200.
-        self.status = if status == 101 { 200 } else { status };
-        self.complete = self.head;
-    }
+    outcome: Outcome,
 }
 
 impl Settle for Measuring {
+    fn answered(&mut self, status: http::StatusCode) {
+        self.outcome.answered(status);
+    }
+
     fn settle(&mut self, complete: bool) {
-        self.complete |= complete;
+        self.outcome.settle(complete);
     }
 }
 
 impl Drop for Measuring {
     fn drop(&mut self) {
-        // A body cut off counts as 500: Go's proxy aborts the handler, and
-        // Knative's metrics handlers record the abort as an error.
-        let status = if self.complete { self.status } else { 500 };
+        let status = self.outcome.status().unwrap_or(500);
         let series = self.metrics.series(self.scope, status, &self.route_tag);
         series.record(self.start.elapsed());
     }
@@ -164,30 +144,3 @@ impl Drop for Measuring {
 
 /// The response body of [`Metrics`].
 pub type MetricsBody<B> = Guarded<B, Measuring>;
-
-pin_project! {
-    /// The response of [`Metrics`].
-    pub struct MetricsFuture<F> {
-        #[pin]
-        inner: F,
-        measuring: Option<Measuring>,
-    }
-}
-
-impl<F, B, E> Future for MetricsFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: http_body::Body,
-{
-    type Output = Result<Response<MetricsBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let res = std::task::ready!(this.inner.poll(cx))?;
-        let mut measuring = this.measuring.take();
-        if let Some(m) = &mut measuring {
-            m.answered(res.status().as_u16());
-        }
-        Poll::Ready(Ok(res.map(|body| Guarded::new(body, measuring))))
-    }
-}

@@ -11,17 +11,14 @@
 //! proxy error handler answers a cancelled request so). Without a request
 //! log, the layer passes everything through untouched.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::body::{Guarded, Settle};
+use crate::body::{Guarded, GuardedFuture, Outcome, Settle};
 use crate::headers::is_probe;
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 
@@ -65,7 +62,7 @@ where
 {
     type Response = Response<LoggedBody<ResBody>>;
     type Error = S::Error;
-    type Future = LoggedFuture<S::Future>;
+    type Future = GuardedFuture<S::Future, Entry>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -77,17 +74,12 @@ where
                 arrived: log.arrived(&req, self.layer.remote),
                 log: log.clone(),
                 start: Instant::now(),
-                head: req.method() == http::Method::HEAD,
-                status: 502,
+                outcome: Outcome::new(req.method()),
                 size: 0,
-                complete: true,
             }),
             _ => None,
         };
-        LoggedFuture {
-            inner: self.inner.call(req),
-            entry,
-        }
+        GuardedFuture::new(self.inner.call(req), entry)
     }
 }
 
@@ -97,30 +89,30 @@ pub struct Entry {
     log: SharedRequestLog,
     arrived: Arrived,
     start: Instant,
-    /// A `HEAD` request: its body is never sent, which is no abort.
-    head: bool,
-    status: u16,
+    outcome: Outcome,
     size: u64,
-    /// Whether the body (if any) was sent whole.
-    complete: bool,
 }
 
 impl Settle for Entry {
+    fn answered(&mut self, status: http::StatusCode) {
+        self.outcome.answered(status);
+    }
+
     fn data(&mut self, len: usize) {
         self.size += len as u64;
     }
 
     fn settle(&mut self, complete: bool) {
-        self.complete |= complete;
+        self.outcome.settle(complete);
     }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        let (status, size) = if self.complete {
-            (self.status, self.size)
-        } else {
-            (500, 0)
+        // A body cut off is logged as Go's aborted handler: 500, no size.
+        let (status, size) = match self.outcome.status() {
+            Some(status) => (status, self.size),
+            None => (500, 0),
         };
         self.log
             .write(&self.arrived, status, size, self.start.elapsed());
@@ -129,33 +121,3 @@ impl Drop for Entry {
 
 /// The response body of [`RequestLogging`].
 pub type LoggedBody<B> = Guarded<B, Entry>;
-
-pin_project! {
-    /// The response of [`RequestLogging`].
-    pub struct LoggedFuture<F> {
-        #[pin]
-        inner: F,
-        entry: Option<Entry>,
-    }
-}
-
-impl<F, B, E> Future for LoggedFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: http_body::Body,
-{
-    type Output = Result<Response<LoggedBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let res = std::task::ready!(this.inner.poll(cx))?;
-        let mut entry = this.entry.take();
-        if let Some(e) = &mut entry {
-            let status = res.status().as_u16();
-            // Go's proxy writes a 101 past the handlers, which see a 200.
-            e.status = if status == 101 { 200 } else { status };
-            e.complete = e.head;
-        }
-        Poll::Ready(Ok(res.map(|body| Guarded::new(body, entry))))
-    }
-}
