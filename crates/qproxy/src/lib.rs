@@ -32,7 +32,7 @@ pub mod server;
 pub mod stack;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
@@ -51,6 +51,7 @@ use crate::layers::timeout::go_duration;
 use crate::layers::upgrade::Tunnels;
 use crate::observe::request_log::RequestLog;
 use crate::observe::request_metrics::{self, RequestMetrics};
+use crate::observe::traces::Traces;
 use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
 use crate::server::{Listener, admin_builder, main_builder, serve};
@@ -103,6 +104,9 @@ pub enum Error {
     /// A port could not be listened on.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// Traces could not be exported as configured.
+    #[error(transparent)]
+    Traces(#[from] observe::traces::TracesError),
     /// Anything else at start-up.
     #[error("{context}: {source}")]
     Io {
@@ -208,6 +212,11 @@ impl Server {
             ))),
             _ => None,
         };
+        let traces = Traces::new(
+            &config.observability,
+            &config.revision,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, config.ports.user)),
+        )?;
         let shared = Shared {
             upstream: Arc::new(Upstream::new(
                 config.ports.user,
@@ -223,6 +232,7 @@ impl Server {
             tunnels: tunnels.clone(),
             request_metrics: request_metrics.clone(),
             request_log,
+            traces: traces.clone(),
         };
         let admin = Admin {
             drainer: drainer.clone(),
@@ -310,6 +320,10 @@ impl Server {
                 open = tunnels.open(),
                 "Hijack connection drain failed: context deadline exceeded"
             );
+        }
+        if let Some(traces) = traces {
+            // Sends what is buffered; blocking, so off the runtime's threads.
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
         }
         tracing::info!("Shutdown complete, exiting...");
         Ok(())

@@ -11,14 +11,16 @@
 //! | request log                | [`RequestLogLayer`]             |
 //! | drainer, health checks     | [`DrainLayer`]                  |
 //! | hijack tracker             | [`UpgradeHoldLayer`]'s [`Tunnels`] |
-//! | tracing                    | *(observability)*               |
+//! | tracing                    | [`TraceLayer::server`]          |
 //! | request metrics            | [`MetricsLayer::revision`]      |
 //! | route tag                  | [`MetricsLayer::revision`]      |
 //! | timeouts                   | [`TimeoutLayer`]                |
 //! | forwarded shim             | [`ForwardedShim`]               |
+//! | proxy and wait spans       | [`TraceLayer::proxy`]           |
 //! | stats                      | [`StatsLayer`]                  |
 //! | `K-Original-Host` rewrite  | [`HostRewrite`]                 |
 //! | breaker                    | [`concurrency::layer`]          |
+//! | client span, trace headers | [`TraceLayer::client`]          |
 //! | app request metrics        | [`MetricsLayer::app`]           |
 //! | reverse proxy              | [`Proxy`]                       |
 //!
@@ -57,15 +59,21 @@ use crate::layers::request_log::{LoggedBody, RequestLogLayer};
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
+use crate::layers::trace::{TraceLayer, TracedBody};
 use crate::layers::upgrade::{Tunnels, UpgradeHoldLayer};
 use crate::observe::request_log::SharedRequestLog;
 use crate::observe::request_metrics::RequestMetrics;
+use crate::observe::traces::Traces;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
 use crate::server::Conn;
 
 /// The response body of the main port.
-pub type MainBody = LoggedBody<MetricsBody<TimeoutBody<StatsBody<PermitBody<MetricsBody<Body>>>>>>;
+pub type MainBody = LoggedBody<
+    TracedBody<
+        MetricsBody<TimeoutBody<TracedBody<StatsBody<PermitBody<TracedBody<MetricsBody<Body>>>>>>>,
+    >,
+>;
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
@@ -92,6 +100,8 @@ pub struct Shared {
     pub request_metrics: Option<RequestMetrics>,
     /// The request log, when enabled.
     pub request_log: Option<SharedRequestLog>,
+    /// Traces, when exported.
+    pub traces: Option<Traces>,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -117,12 +127,18 @@ pub fn main_service(
             shared.drainer.clone(),
             shared.readiness.clone(),
         ))
+        .layer(TraceLayer::server(shared.traces.clone(), conn.remote))
         .layer(MetricsLayer::revision(shared.request_metrics.clone()))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(RewriteLayer::new(ForwardedShim))
+        .layer(TraceLayer::proxy(
+            shared.traces.clone(),
+            shared.breaker.is_some(),
+        ))
         .layer(StatsLayer::new(shared.stats.clone(), shared.clock))
         .layer(RewriteLayer::new(HostRewrite))
         .layer(concurrency::layer(shared.breaker.clone()))
+        .layer(TraceLayer::client(shared.traces.clone()))
         .layer(MetricsLayer::app(
             shared.request_metrics.clone(),
             shared.breaker.clone(),

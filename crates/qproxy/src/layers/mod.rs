@@ -13,6 +13,7 @@ pub mod request_log;
 pub mod server_rules;
 pub mod stats;
 pub mod timeout;
+pub mod trace;
 pub mod upgrade;
 
 use std::task::{Context, Poll};

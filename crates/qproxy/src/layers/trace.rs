@@ -1,0 +1,214 @@
+//! Traces, made where Knative's handlers make them: the server span where
+//! its tracing middleware sits (inside the drainer), the proxy and wait
+//! spans where its proxy handler takes the stats and the breaker slot, and
+//! the client span as the request leaves for the app, whose context goes
+//! into the request's headers. See [`crate::observe::traces`].
+//!
+//! Each span lasts until its response body is done with. Without tracing,
+//! the layers pass everything through untouched.
+
+use std::net::SocketAddr;
+use std::task::{Context as TaskContext, Poll};
+
+use http::{Request, Response, StatusCode};
+use opentelemetry::Context;
+use opentelemetry::trace::TraceContextExt;
+use tower::{Layer, Service};
+
+use crate::body::{Guarded, GuardedFuture, Settle};
+use crate::config::Generation;
+use crate::headers::{is_kubelet_probe, is_probe};
+use crate::observe::traces::Traces;
+
+/// Where in the stack a [`Trace`] layer sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    /// Knative's tracing middleware: the server span.
+    Server(SocketAddr),
+    /// Knative's proxy handler: the proxy span, and the wait span when
+    /// there is a breaker.
+    Proxy { breaker: bool },
+    /// Past the breaker: the wait ends, the client span starts.
+    Client,
+}
+
+/// Adds [`Trace`] to a stack.
+#[derive(Debug, Clone)]
+pub struct TraceLayer {
+    traces: Option<Traces>,
+    position: Position,
+}
+
+impl TraceLayer {
+    /// The server span of each request from `remote`.
+    pub fn server(traces: Option<Traces>, remote: SocketAddr) -> Self {
+        Self {
+            traces,
+            position: Position::Server(remote),
+        }
+    }
+
+    /// The proxy span, and with a `breaker` the wait span.
+    pub fn proxy(traces: Option<Traces>, breaker: bool) -> Self {
+        Self {
+            traces,
+            position: Position::Proxy { breaker },
+        }
+    }
+
+    /// The client span, whose context goes to the app.
+    pub fn client(traces: Option<Traces>) -> Self {
+        Self {
+            traces,
+            position: Position::Client,
+        }
+    }
+}
+
+impl<S> Layer<S> for TraceLayer {
+    type Service = Trace<S>;
+
+    fn layer(&self, inner: S) -> Trace<S> {
+        Trace {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Traces requests; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Trace<S> {
+    inner: S,
+    layer: TraceLayer,
+}
+
+/// The context of a request's server span, for the spans below it.
+#[derive(Debug, Clone)]
+struct ServerSpan(Context);
+
+/// The contexts of a request's proxy span and wait span.
+#[derive(Debug, Clone)]
+struct ProxySpans {
+    proxy: Context,
+    wait: Option<Context>,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Trace<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body,
+{
+    type Response = Response<TracedBody<ResBody>>;
+    type Error = S::Error;
+    type Future = GuardedFuture<S::Future, Spanned>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let spanned = match &self.layer.traces {
+            Some(traces) => start(traces, self.layer.position, &mut req),
+            None => None,
+        };
+        GuardedFuture::new(self.inner.call(req), spanned)
+    }
+}
+
+/// Starts this position's span for `req`; what ends it.
+fn start<B>(traces: &Traces, position: Position, req: &mut Request<B>) -> Option<Spanned> {
+    match position {
+        Position::Server(remote) => {
+            // Current Knative's handler skips every probe.
+            if traces.generation() == Generation::Current && is_probe(req.headers()) {
+                return None;
+            }
+            let parent = traces.extract(req.headers());
+            let span = traces.server_span(req, &parent, remote);
+            let cx = parent.with_span(span);
+            req.extensions_mut().insert(ServerSpan(cx.clone()));
+            Some(Spanned::http(traces, cx, false))
+        }
+        Position::Proxy { breaker } => {
+            let ServerSpan(server) = req.extensions().get::<ServerSpan>()?.clone();
+            // Kubelet probes get no proxy span.
+            if is_kubelet_probe(req.headers()) {
+                return None;
+            }
+            let proxy = server.with_span(traces.internal_span(false, &server));
+            let wait = breaker.then(|| proxy.with_span(traces.internal_span(true, &proxy)));
+            req.extensions_mut().insert(ProxySpans {
+                proxy: proxy.clone(),
+                wait,
+            });
+            Some(Spanned {
+                traces: traces.clone(),
+                cx: proxy,
+                kind: Kind::Internal,
+                status: None,
+            })
+        }
+        Position::Client => {
+            let ProxySpans { proxy, wait } = req.extensions_mut().remove::<ProxySpans>()?;
+            // The slot is taken: the wait is over.
+            if let Some(wait) = &wait {
+                wait.span().end();
+            }
+            // Current Knative sends the request in the wait span's context.
+            let parent = match (traces.generation(), wait) {
+                (Generation::Current, Some(wait)) => wait,
+                _ => proxy,
+            };
+            let span = traces.client_span(req, &parent);
+            Some(Spanned::http(traces, parent.with_span(span), true))
+        }
+    }
+}
+
+/// How a span ends.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// With the response's status; `client` for the app's.
+    Http { client: bool },
+    /// Plainly.
+    Internal,
+}
+
+/// A span, ended when its request is done with.
+#[derive(Debug)]
+pub struct Spanned {
+    traces: Traces,
+    cx: Context,
+    kind: Kind,
+    status: Option<StatusCode>,
+}
+
+impl Spanned {
+    fn http(traces: &Traces, cx: Context, client: bool) -> Self {
+        Self {
+            traces: traces.clone(),
+            cx,
+            kind: Kind::Http { client },
+            status: None,
+        }
+    }
+}
+
+impl Settle for Spanned {
+    fn answered(&mut self, status: StatusCode) {
+        self.status = Some(status);
+    }
+}
+
+impl Drop for Spanned {
+    fn drop(&mut self) {
+        match self.kind {
+            Kind::Http { client } => self.traces.end_http(&self.cx, self.status, client),
+            Kind::Internal => self.cx.span().end(),
+        }
+    }
+}
+
+/// The response body of [`Trace`].
+pub type TracedBody<B> = Guarded<B, Spanned>;
