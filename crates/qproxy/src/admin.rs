@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::body::Body;
 use crate::drain::Drainer;
-use crate::observe::request_metrics::RequestMetrics;
+use crate::observe::UserMetrics;
 use crate::proxy::plain_text;
 
 /// Path of the drain hook the user container's preStop calls.
@@ -55,7 +55,7 @@ impl Endpoint for crate::profiling::Profiling {
 #[derive(Debug, Clone)]
 pub struct MetricsEndpoint {
     /// The metrics, when kept.
-    pub request_metrics: Option<RequestMetrics>,
+    pub request_metrics: Option<UserMetrics>,
 }
 
 impl Endpoint for MetricsEndpoint {
@@ -160,13 +160,11 @@ const PROTOBUF: &str = "application/protobuf";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Answers a request to the user metrics server.
-fn metrics<B>(req: &Request<B>, request_metrics: Option<&RequestMetrics>) -> Response<Body> {
+fn metrics<B>(req: &Request<B>, request_metrics: Option<&UserMetrics>) -> Response<Body> {
     if req.uri().path() != METRICS {
         return not_found();
     }
-    let text = request_metrics
-        .map(RequestMetrics::render)
-        .unwrap_or_default();
+    let text = request_metrics.map(UserMetrics::render).unwrap_or_default();
     let mut res = Response::new(Body::full(text));
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));

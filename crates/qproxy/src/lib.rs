@@ -45,10 +45,13 @@ pub use config::{Config, ConfigError};
 pub use server::BindError;
 
 use crate::admin::{Admin, Endpoint, MetricsEndpoint};
+use crate::config::Observability;
 use crate::drain::Drainer;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::timeout::go_duration;
 use crate::layers::upgrade::Tunnels;
+use crate::observe::UserMetrics;
+use crate::observe::current_metrics::CurrentMetrics;
 use crate::observe::request_log::RequestLog;
 use crate::observe::request_metrics::{self, RequestMetrics};
 use crate::observe::traces::Traces;
@@ -195,10 +198,15 @@ impl Server {
                 generation: config.observability.generation(),
             },
         );
-        let request_metrics = config
-            .observability
-            .classic_prometheus_metrics()
-            .then(|| RequestMetrics::new(&config.revision));
+        let request_metrics = match &config.observability {
+            o if o.classic_prometheus_metrics() => {
+                Some(UserMetrics::Classic(RequestMetrics::new(&config.revision)))
+            }
+            o @ Observability::Current(_) if o.prometheus_metrics() => Some(UserMetrics::Current(
+                CurrentMetrics::new(&config.revision, config.ports.user),
+            )),
+            _ => None,
+        };
         let log = config.observability.request_log();
         // The configuration checked the template; one that failed here
         // would only mean no request log.

@@ -24,9 +24,11 @@
 //! | app request metrics        | [`MetricsLayer::app`]           |
 //! | reverse proxy              | [`Proxy`]                       |
 //!
-//! Rows in italics are the seams the later pieces plug into. The order is
-//! classic Knative's (serving v0.42), where the request metrics sit inside
-//! the drainer; current Knative's instruments will wrap it from outside.
+//! The order is classic Knative's (serving v0.42), where the request
+//! metrics and the server span sit inside the drainer; current Knative
+//! measures and traces from outside it, which differs only for the
+//! health checks the drainer answers, and those are not measured or traced
+//! in either.
 //!
 //! Layers that hold something for the life of a request (the breaker slot,
 //! the timeouts) hold it in the response body, which the client's
@@ -61,8 +63,8 @@ use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::trace::{TraceLayer, TracedBody};
 use crate::layers::upgrade::{Tunnels, UpgradeHoldLayer};
+use crate::observe::UserMetrics;
 use crate::observe::request_log::SharedRequestLog;
-use crate::observe::request_metrics::RequestMetrics;
 use crate::observe::traces::Traces;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
@@ -97,7 +99,7 @@ pub struct Shared {
     /// The upgraded connections open.
     pub tunnels: Tunnels,
     /// Request metrics, when served.
-    pub request_metrics: Option<RequestMetrics>,
+    pub request_metrics: Option<UserMetrics>,
     /// The request log, when enabled.
     pub request_log: Option<SharedRequestLog>,
     /// Traces, when exported.

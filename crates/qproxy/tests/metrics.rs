@@ -278,3 +278,124 @@ async fn upgrades_and_cut_responses_count_as_go_counts_them() {
     let upgrade = format!("{} 1", series("revision_app_request_count", 200, None, ""));
     assert!(got.lines().any(|l| l == upgrade), "no {upgrade} in {got}");
 }
+
+/// Current Knative's exposition for a request to `qproxy`'s app: the HTTP
+/// instruments' labels for `host`, `method`, `status` and `tag`.
+fn http_labels(method: &str, status: u16, tag: &str, address: &str, port: u16) -> String {
+    format!(
+        "http_request_method=\"{method}\",http_response_status_code=\"{status}\",kn_route_tag=\"{tag}\",network_protocol_name=\"http\",network_protocol_version=\"1.1\",otel_scope_name=\"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp\",otel_scope_schema_url=\"\",otel_scope_version=\"0.69.0\",server_address=\"{address}\",server_port=\"{port}\",url_scheme=\"http\""
+    )
+}
+
+const QUEUE_SCOPE: &str = "otel_scope_name=\"knative.dev/serving/pkg/queue\",otel_scope_schema_url=\"\",otel_scope_version=\"\"";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn current_knative_s_instruments_in_prometheus_text() {
+    let app = app().await;
+    let mut env = env(&app);
+    env.push((
+        "OBSERVABILITY_CONFIG".to_owned(),
+        r#"{"requestMetrics":{"protocol":"prometheus"}}"#.to_owned(),
+    ));
+    let qp = QProxy::start_env(&env);
+    let host = [("Host", "hello.example.com:8080")];
+    for path in ["/ok", "/ok", "/fail"] {
+        h1(qp.main, get(path, &host)).await;
+    }
+    h1(
+        qp.main,
+        get("/ok", &[host[0], ("Knative-Serving-Tag", "blue")]),
+    )
+    .await;
+    kubelet_health(qp.main).await;
+    let mut post = get("/ok", &host);
+    *post.method_mut() = http::Method::POST;
+    *post.body_mut() = full("twelve bytes");
+    h1(qp.main, post).await;
+
+    let port = qp.metrics.expect("the metrics port");
+    let invocations = format!(
+        "kn_serving_invocation_duration_seconds_count{{http_response_status_code=\"200\",{QUEUE_SCOPE}}} 4"
+    );
+    let text = scrape_until(port, &invocations).await;
+    let has = |line: String| assert!(text.lines().any(|l| l == line), "no {line} in {text}");
+    let server = |method, status, tag| http_labels(method, status, tag, "hello.example.com", 8080);
+    let user_port = app.port();
+    let client = |method, status, tag| http_labels(method, status, tag, "127.0.0.1", user_port);
+    has(format!(
+        "http_server_request_duration_seconds_count{{{}}} 2",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_duration_seconds_count{{{}}} 1",
+        server("GET", 500, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_duration_seconds_count{{{}}} 1",
+        server("GET", 200, "blue")
+    ));
+    has(format!(
+        "http_server_response_body_size_bytes_sum{{{}}} 12",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_body_size_bytes_sum{{{}}} 12",
+        server("POST", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_client_request_duration_seconds_count{{{}}} 2",
+        client("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_duration_seconds_bucket{{{},le=\"10\"}} 2",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_response_body_size_bytes_bucket{{{},le=\"10\"}} 2",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "kn_serving_invocation_duration_seconds_count{{http_response_status_code=\"500\",{QUEUE_SCOPE}}} 1"
+    ));
+    // Taken by the last request as it passed the breaker, itself inside.
+    has(format!("kn_serving_queue_depth{{{QUEUE_SCOPE}}} 1"));
+    // The families and their help, as Knative's OpenTelemetry exporter
+    // writes them (its Go runtime and process collectors aside).
+    let mut help: Vec<&str> = text.lines().filter(|l| l.starts_with("# ")).collect();
+    help.sort();
+    assert_eq!(
+        help,
+        [
+            "# HELP http_client_request_body_size_bytes Size of HTTP client request bodies.",
+            "# HELP http_client_request_duration_seconds Duration of HTTP client requests.",
+            "# HELP http_server_request_body_size_bytes Size of HTTP server request bodies.",
+            "# HELP http_server_request_duration_seconds Duration of HTTP server requests.",
+            "# HELP http_server_response_body_size_bytes Size of HTTP server response bodies.",
+            "# HELP kn_serving_invocation_duration_seconds The duration of task execution",
+            "# HELP kn_serving_queue_depth Number of current requests in the queue",
+            "# HELP target_info Target metadata",
+            "# TYPE http_client_request_body_size_bytes histogram",
+            "# TYPE http_client_request_duration_seconds histogram",
+            "# TYPE http_server_request_body_size_bytes histogram",
+            "# TYPE http_server_request_duration_seconds histogram",
+            "# TYPE http_server_response_body_size_bytes histogram",
+            "# TYPE kn_serving_invocation_duration_seconds histogram",
+            "# TYPE kn_serving_queue_depth gauge",
+            "# TYPE target_info gauge",
+        ]
+    );
+    let target = text
+        .lines()
+        .find(|l| l.starts_with("target_info{"))
+        .unwrap();
+    for label in [
+        "container_name=\"queue-proxy\"",
+        "k8s_namespace_name=\"default\"",
+        "kn_revision_name=\"hello-00001\"",
+        "kn_service_name=\"hello\"",
+        "service_name=\"hello\"",
+    ] {
+        assert!(target.contains(label), "{target}");
+    }
+    assert!(!text.contains("kube-probe"), "probes are not measured");
+}

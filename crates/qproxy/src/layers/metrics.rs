@@ -14,6 +14,11 @@
 //! Go's proxy writes the `101` past the handlers. Probes are not measured (but the queue
 //! depth is taken as they pass, as Knative takes it). Without request
 //! metrics, the layer passes everything through untouched.
+//!
+//! The same two places feed classic Knative's series
+//! ([`crate::observe::request_metrics`]) or current Knative's instruments
+//! ([`crate::observe::current_metrics`]): the server's and the client's
+//! HTTP instruments, and the invocation duration.
 
 use std::borrow::Cow;
 use std::task::{Context, Poll};
@@ -25,19 +30,21 @@ use tower::{Layer, Service};
 
 use crate::body::{Guarded, GuardedFuture, Outcome, Settle};
 use crate::headers::is_probe;
-use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
+use crate::observe::UserMetrics;
+use crate::observe::current_metrics::HttpAttributes;
+use crate::observe::request_metrics::{Scope, route_tag};
 
 /// Adds [`Metrics`] to a stack.
 #[derive(Debug, Clone)]
 pub struct MetricsLayer {
-    metrics: Option<RequestMetrics>,
+    metrics: Option<UserMetrics>,
     scope: Scope,
     breaker: Option<Breaker>,
 }
 
 impl MetricsLayer {
     /// Measures requests as they reach the queue-proxy.
-    pub fn revision(metrics: Option<RequestMetrics>) -> Self {
+    pub fn revision(metrics: Option<UserMetrics>) -> Self {
         Self {
             metrics,
             scope: Scope::Revision,
@@ -47,7 +54,7 @@ impl MetricsLayer {
 
     /// Measures requests as they go to the user container, and the depth
     /// of `breaker`'s queue.
-    pub fn app(metrics: Option<RequestMetrics>, breaker: Option<Breaker>) -> Self {
+    pub fn app(metrics: Option<UserMetrics>, breaker: Option<Breaker>) -> Self {
         Self {
             metrics,
             scope: Scope::App,
@@ -77,6 +84,7 @@ pub struct Metrics<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Metrics<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: http_body::Body,
     ResBody: http_body::Body,
 {
     type Response = Response<MetricsBody<ResBody>>;
@@ -95,16 +103,22 @@ where
         }
         let measuring = match &layer.metrics {
             Some(metrics) if !is_probe(req.headers()) => {
-                let route_tag = match layer.scope {
-                    Scope::Revision => route_tag(req.headers()),
-                    Scope::App => Cow::Borrowed(""),
+                let labels = match (metrics, layer.scope) {
+                    (UserMetrics::Classic(_), Scope::Revision) => {
+                        Labels::RouteTag(route_tag(req.headers()))
+                    }
+                    (UserMetrics::Classic(_), Scope::App) => Labels::RouteTag(Cow::Borrowed("")),
+                    (UserMetrics::Current(_), _) => {
+                        Labels::Http(Box::new(HttpAttributes::of(&req)))
+                    }
                 };
                 Some(Measuring {
                     metrics: metrics.clone(),
                     scope: layer.scope,
-                    route_tag,
+                    labels,
                     start: Instant::now(),
                     outcome: Outcome::new(req.method()),
+                    size: 0,
                 })
             }
             _ => None,
@@ -117,16 +131,31 @@ where
 /// body is done with, or, dropped before any response, as a `502`.
 #[derive(Debug)]
 pub struct Measuring {
-    metrics: RequestMetrics,
+    metrics: UserMetrics,
     scope: Scope,
-    route_tag: Cow<'static, str>,
+    labels: Labels,
     start: Instant,
     outcome: Outcome,
+    /// Body bytes sent.
+    size: u64,
+}
+
+/// What a request's series are chosen by, beyond its status.
+#[derive(Debug)]
+enum Labels {
+    /// Classic Knative's route tag (empty for the app's series).
+    RouteTag(Cow<'static, str>),
+    /// Current Knative's HTTP attributes.
+    Http(Box<HttpAttributes>),
 }
 
 impl Settle for Measuring {
     fn answered(&mut self, status: http::StatusCode) {
         self.outcome.answered(status);
+    }
+
+    fn data(&mut self, len: usize) {
+        self.size += len as u64;
     }
 
     fn settle(&mut self, complete: bool) {
@@ -137,8 +166,17 @@ impl Settle for Measuring {
 impl Drop for Measuring {
     fn drop(&mut self) {
         let status = self.outcome.status().unwrap_or(500);
-        let series = self.metrics.series(self.scope, status, &self.route_tag);
-        series.record(self.start.elapsed());
+        let elapsed = self.start.elapsed();
+        match (&self.metrics, &self.labels) {
+            (UserMetrics::Classic(m), Labels::RouteTag(tag)) => {
+                m.series(self.scope, status, tag).record(elapsed);
+            }
+            (UserMetrics::Current(m), Labels::Http(attributes)) => match self.scope {
+                Scope::Revision => m.record_server(attributes, status, self.size, elapsed),
+                Scope::App => m.record_app(attributes, status, elapsed),
+            },
+            _ => {}
+        }
     }
 }
 

@@ -1,0 +1,389 @@
+//! Request metrics as current Knative serves them when
+//! `OBSERVABILITY_CONFIG`'s `requestMetrics.protocol` is `prometheus`: the
+//! OpenTelemetry instruments of its queue-proxy, in the Prometheus text
+//! its OpenTelemetry exporter writes on the user metrics port (9091).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `http_server_request_duration_seconds` | histogram | `http_request_method`, `http_response_status_code`, `kn_route_tag`, `network_protocol_name`, `network_protocol_version`, `server_address`, `server_port`, `url_scheme` |
+//! | `http_server_request_body_size_bytes` | histogram | same |
+//! | `http_server_response_body_size_bytes` | histogram | same |
+//! | `http_client_request_duration_seconds` | histogram | same, for the request to the app |
+//! | `http_client_request_body_size_bytes` | histogram | same |
+//! | `kn_serving_invocation_duration_seconds` | histogram | `http_response_status_code` |
+//! | `kn_serving_queue_depth` | gauge | |
+//! | `target_info` | gauge | the resource: pod, namespace, Service, Configuration, revision |
+//!
+//! Every series also carries the instrumentation scope (`otel_scope_name`,
+//! `otel_scope_version`, `otel_scope_schema_url`) Knative's does. The
+//! `http_*` instruments measure a request as it reaches the queue-proxy
+//! and as it goes to the app; `kn_serving_invocation_duration_seconds`
+//! times the app's part, the queue depth is the breaker's requests as each
+//! request passes. Probes are not measured.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Version;
+use metrics::{Gauge, Key, KeyName, Label, Level, Metadata, Recorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::config::Revision;
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
+
+/// The HTTP instruments' scope (Go's otelhttp).
+const HTTP_SCOPE: [(&str, &str); 3] = [
+    (
+        "otel_scope_name",
+        "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp",
+    ),
+    ("otel_scope_schema_url", ""),
+    ("otel_scope_version", "0.69.0"),
+];
+
+/// Knative's own instruments' scope.
+const QUEUE_SCOPE: [(&str, &str); 3] = [
+    ("otel_scope_name", "knative.dev/serving/pkg/queue"),
+    ("otel_scope_schema_url", ""),
+    ("otel_scope_version", ""),
+];
+
+const SERVER_DURATION: &str = "http_server_request_duration_seconds";
+const SERVER_REQUEST_SIZE: &str = "http_server_request_body_size_bytes";
+const SERVER_RESPONSE_SIZE: &str = "http_server_response_body_size_bytes";
+const CLIENT_DURATION: &str = "http_client_request_duration_seconds";
+const CLIENT_REQUEST_SIZE: &str = "http_client_request_body_size_bytes";
+const INVOCATION: &str = "kn_serving_invocation_duration_seconds";
+const QUEUE_DEPTH: &str = "kn_serving_queue_depth";
+
+const HELP: [(&str, &str); 7] = [
+    (SERVER_DURATION, "Duration of HTTP server requests."),
+    (SERVER_REQUEST_SIZE, "Size of HTTP server request bodies."),
+    (SERVER_RESPONSE_SIZE, "Size of HTTP server response bodies."),
+    (CLIENT_DURATION, "Duration of HTTP client requests."),
+    (CLIENT_REQUEST_SIZE, "Size of HTTP client request bodies."),
+    (INVOCATION, "The duration of task execution"),
+    (QUEUE_DEPTH, "Number of current requests in the queue"),
+];
+
+/// Duration buckets, in seconds (Knative's and the HTTP instruments').
+const DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// Body size buckets, in bytes.
+const SIZE_BUCKETS: [f64; 15] = [
+    0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0, 7500.0,
+    10000.0,
+];
+
+/// What the HTTP instruments label a request with, taken as it arrives.
+#[derive(Debug, Clone)]
+pub struct HttpAttributes {
+    method: &'static str,
+    version: &'static str,
+    host: String,
+    port: Option<String>,
+    route_tag: &'static str,
+    route_tag_value: Option<String>,
+    request_size: u64,
+}
+
+impl HttpAttributes {
+    /// The attributes of `req`.
+    pub fn of<B: http_body::Body>(req: &http::Request<B>) -> Self {
+        let headers = req.headers();
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| {
+                headers
+                    .get(http::header::HOST)
+                    .and_then(|v| v.to_str().ok())
+            })
+            .unwrap_or("");
+        let (host, port) = match host.rsplit_once(':') {
+            Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !p.is_empty() => {
+                (h.to_owned(), Some(p.to_owned()))
+            }
+            _ => (host.to_owned(), None),
+        };
+        let (route_tag, route_tag_value) = route_tag(headers);
+        Self {
+            method: method(req.method()),
+            version: match req.version() {
+                Version::HTTP_10 => "1.0",
+                Version::HTTP_2 => "2",
+                _ => "1.1",
+            },
+            host,
+            port,
+            route_tag,
+            route_tag_value,
+            request_size: req.body().size_hint().exact().unwrap_or(0),
+        }
+    }
+
+    fn tag(&self) -> String {
+        self.route_tag_value
+            .clone()
+            .unwrap_or_else(|| self.route_tag.to_owned())
+    }
+}
+
+/// Current Knative's route tag: the `Knative-Serving-Tag`, or
+/// `kn:default`, `kn:undefined`, `kn:disabled`.
+fn route_tag(headers: &http::HeaderMap) -> (&'static str, Option<String>) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let tag = get("knative-serving-tag");
+    let default_route = get("knative-serving-default-route");
+    match (tag, default_route) {
+        ("", "") => ("kn:disabled", None),
+        ("", _) => ("kn:default", None),
+        (_, "true") => ("kn:undefined", None),
+        (tag, _) => ("", Some(tag.to_owned())),
+    }
+}
+
+fn method(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "PATCH" => "PATCH",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => "_OTHER",
+    }
+}
+
+/// Current Knative's request metrics; cheap to clone.
+#[derive(Clone)]
+pub struct CurrentMetrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CurrentMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CurrentMetrics").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    queue_depth: Gauge,
+    user_port: String,
+    target_info: String,
+}
+
+impl CurrentMetrics {
+    /// The metrics of `revision`'s pod, whose app listens on `user_port`.
+    pub fn new(revision: &Revision, user_port: u16) -> Self {
+        let mut builder = PrometheusBuilder::new();
+        for (name, buckets) in [
+            (SERVER_DURATION, &DURATION_BUCKETS[..]),
+            (CLIENT_DURATION, &DURATION_BUCKETS[..]),
+            (INVOCATION, &DURATION_BUCKETS[..]),
+            (SERVER_REQUEST_SIZE, &SIZE_BUCKETS[..]),
+            (SERVER_RESPONSE_SIZE, &SIZE_BUCKETS[..]),
+            (CLIENT_REQUEST_SIZE, &SIZE_BUCKETS[..]),
+        ] {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+                .unwrap_or_else(|_| unreachable!("the buckets are not empty"));
+        }
+        let recorder = builder.build_recorder();
+        for (name, help) in HELP {
+            let key = KeyName::from_const_str(name);
+            if name == QUEUE_DEPTH {
+                recorder.describe_gauge(key, None, help.into());
+            } else {
+                recorder.describe_histogram(key, None, help.into());
+            }
+        }
+        let queue_depth = recorder.register_gauge(
+            &Key::from_parts(QUEUE_DEPTH, labels(&QUEUE_SCOPE, [])),
+            &METADATA,
+        );
+        Self {
+            inner: Arc::new(Inner {
+                handle: recorder.handle(),
+                recorder,
+                queue_depth,
+                user_port: user_port.to_string(),
+                target_info: target_info(revision),
+            }),
+        }
+    }
+
+    /// Records a request as it reached the queue-proxy.
+    pub fn record_server(
+        &self,
+        attributes: &HttpAttributes,
+        status: u16,
+        response_size: u64,
+        duration: Duration,
+    ) {
+        let labels = self.http_labels(
+            attributes,
+            status,
+            &attributes.host,
+            attributes.port.clone(),
+        );
+        let inner = &self.inner;
+        let histogram = |name: &'static str| {
+            inner
+                .recorder
+                .register_histogram(&Key::from_parts(name, labels.clone()), &METADATA)
+        };
+        histogram(SERVER_DURATION).record(duration.as_secs_f64());
+        histogram(SERVER_REQUEST_SIZE).record(attributes.request_size as f64);
+        histogram(SERVER_RESPONSE_SIZE).record(response_size as f64);
+    }
+
+    /// Records a request as the app handled it: the invocation, and the
+    /// request to the app.
+    pub fn record_app(&self, attributes: &HttpAttributes, status: u16, duration: Duration) {
+        let inner = &self.inner;
+        let invocation = labels(
+            &QUEUE_SCOPE,
+            [("http_response_status_code", status.to_string())],
+        );
+        inner
+            .recorder
+            .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
+            .record(duration.as_secs_f64());
+        let labels = self.http_labels(
+            attributes,
+            status,
+            "127.0.0.1",
+            Some(inner.user_port.clone()),
+        );
+        inner
+            .recorder
+            .register_histogram(&Key::from_parts(CLIENT_DURATION, labels.clone()), &METADATA)
+            .record(duration.as_secs_f64());
+        inner
+            .recorder
+            .register_histogram(&Key::from_parts(CLIENT_REQUEST_SIZE, labels), &METADATA)
+            .record(attributes.request_size as f64);
+    }
+
+    fn http_labels(
+        &self,
+        a: &HttpAttributes,
+        status: u16,
+        address: &str,
+        port: Option<String>,
+    ) -> Vec<Label> {
+        let mut extra = vec![
+            ("http_request_method", a.method.to_owned()),
+            ("http_response_status_code", status.to_string()),
+            ("kn_route_tag", a.tag()),
+            ("network_protocol_name", "http".to_owned()),
+            ("network_protocol_version", a.version.to_owned()),
+            ("server_address", address.to_owned()),
+            ("url_scheme", "http".to_owned()),
+        ];
+        if let Some(port) = port {
+            extra.push(("server_port", port));
+        }
+        labels(&HTTP_SCOPE, extra)
+    }
+
+    /// Sets the queue depth: the requests inside the breaker.
+    pub fn set_queue_depth(&self, depth: u32) {
+        self.inner.queue_depth.set(f64::from(depth));
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut text = self.inner.handle.render();
+        text.push_str(&self.inner.target_info);
+        text
+    }
+
+    /// Folds recorded histogram samples into their buckets.
+    pub fn run_upkeep(&self) {
+        self.inner.handle.run_upkeep();
+    }
+}
+
+/// `scope` and `extra`, sorted by name as the exposition sorts them.
+fn labels(
+    scope: &[(&'static str, &'static str)],
+    extra: impl IntoIterator<Item = (&'static str, String)>,
+) -> Vec<Label> {
+    let mut all: Vec<(&'static str, String)> = scope
+        .iter()
+        .map(|(k, v)| (*k, (*v).to_owned()))
+        .chain(extra)
+        .collect();
+    all.sort_by_key(|(k, _)| *k);
+    all.into_iter().map(|(k, v)| Label::new(k, v)).collect()
+}
+
+/// The `target_info` family: the resource current Knative describes the
+/// queue-proxy with.
+fn target_info(revision: &Revision) -> String {
+    let service_name = [
+        revision.service.as_str(),
+        revision.configuration.as_str(),
+        revision.name.as_str(),
+        revision.pod.as_str(),
+    ]
+    .into_iter()
+    .find(|s| !s.is_empty())
+    .unwrap_or_default();
+    let mut labels = vec![
+        ("container_name", "queue-proxy".to_owned()),
+        ("k8s_namespace_name", revision.namespace.clone()),
+        ("k8s_pod_name", revision.pod.clone()),
+        ("service_instance_id", revision.pod.clone()),
+        ("service_name", service_name.to_owned()),
+        ("service_version", env!("CARGO_PKG_VERSION").to_owned()),
+        ("telemetry_sdk_language", "rust".to_owned()),
+        ("telemetry_sdk_name", "qproxy".to_owned()),
+        (
+            "telemetry_sdk_version",
+            env!("CARGO_PKG_VERSION").to_owned(),
+        ),
+    ];
+    for (key, value) in [
+        ("kn_service_name", &revision.service),
+        ("kn_configuration_name", &revision.configuration),
+        ("kn_revision_name", &revision.name),
+    ] {
+        if !value.is_empty() {
+            labels.push((key, value.clone()));
+        }
+    }
+    labels.sort_by_key(|(k, _)| *k);
+    let labels: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!(
+        "# HELP target_info Target metadata\n# TYPE target_info gauge\ntarget_info{{{}}} 1\n",
+        labels.join(",")
+    )
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
