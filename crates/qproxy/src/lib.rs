@@ -45,7 +45,7 @@ pub use config::{Config, ConfigError};
 pub use server::BindError;
 
 use crate::admin::{Admin, Endpoint, MetricsEndpoint};
-use crate::config::Observability;
+use crate::config::{MetricsProtocol, Observability};
 use crate::drain::Drainer;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::timeout::go_duration;
@@ -110,6 +110,9 @@ pub enum Error {
     /// Traces could not be exported as configured.
     #[error(transparent)]
     Traces(#[from] observe::traces::TracesError),
+    /// Request metrics could not be exported as configured.
+    #[error(transparent)]
+    Metrics(#[from] observe::current_metrics::ExportError),
     /// Anything else at start-up.
     #[error("{context}: {source}")]
     Io {
@@ -202,9 +205,19 @@ impl Server {
             o if o.classic_prometheus_metrics() => {
                 Some(UserMetrics::Classic(RequestMetrics::new(&config.revision)))
             }
-            o @ Observability::Current(_) if o.prometheus_metrics() => Some(UserMetrics::Current(
-                CurrentMetrics::new(&config.revision, config.ports.user),
-            )),
+            Observability::Current(c) => match c.request_metrics.protocol {
+                MetricsProtocol::Prometheus => Some(UserMetrics::Current(
+                    CurrentMetrics::prometheus(&config.revision, config.ports.user),
+                )),
+                MetricsProtocol::Grpc | MetricsProtocol::HttpProtobuf => {
+                    Some(UserMetrics::Current(CurrentMetrics::otlp(
+                        &c.request_metrics,
+                        &config.revision,
+                        config.ports.user,
+                    )?))
+                }
+                MetricsProtocol::None => None,
+            },
             _ => None,
         };
         let log = config.observability.request_log();
@@ -266,6 +279,7 @@ impl Server {
         );
         let mut servers = JoinSet::new();
         let reporting = tokio::spawn(report_every_period(shared.stats.clone(), clock, reporter));
+        let exported_metrics = request_metrics.clone();
         let upkeep = shared.request_metrics.clone().map(|m| {
             tokio::spawn(async move {
                 let mut ticks = tokio::time::interval(request_metrics::UPKEEP_PERIOD);
@@ -329,10 +343,16 @@ impl Server {
                 "Hijack connection drain failed: context deadline exceeded"
             );
         }
-        if let Some(traces) = traces {
-            // Sends what is buffered; blocking, so off the runtime's threads.
-            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
-        }
+        // Sends what is buffered; blocking, so off the runtime's threads.
+        let exports = tokio::task::spawn_blocking(move || {
+            if let Some(traces) = traces {
+                traces.shutdown();
+            }
+            if let Some(UserMetrics::Current(m)) = exported_metrics {
+                m.shutdown();
+            }
+        });
+        let _ = exports.await;
         tracing::info!("Shutdown complete, exiting...");
         Ok(())
     }

@@ -1,7 +1,9 @@
-//! Request metrics as current Knative serves them when
-//! `OBSERVABILITY_CONFIG`'s `requestMetrics.protocol` is `prometheus`: the
-//! OpenTelemetry instruments of its queue-proxy, in the Prometheus text
-//! its OpenTelemetry exporter writes on the user metrics port (9091).
+//! Request metrics as current Knative makes them: the OpenTelemetry
+//! instruments of its queue-proxy, served on the user metrics port (9091)
+//! in the Prometheus text its OpenTelemetry exporter writes when
+//! `OBSERVABILITY_CONFIG`'s `requestMetrics.protocol` is `prometheus`, or
+//! exported over OTLP (`grpc`, `http/protobuf`) to `requestMetrics.endpoint`
+//! every `exportInterval` (60 s by default), with Knative's resource.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -30,7 +32,15 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::config::Revision;
+use opentelemetry::metrics::{Histogram, MeterProvider as _};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
+use opentelemetry_sdk::runtime::Tokio;
+
+use crate::config::{MetricsConfig, MetricsProtocol, Revision};
+use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
@@ -182,16 +192,49 @@ impl std::fmt::Debug for CurrentMetrics {
 }
 
 struct Inner {
-    recorder: PrometheusRecorder,
-    handle: PrometheusHandle,
-    queue_depth: Gauge,
-    user_port: String,
-    target_info: String,
+    user_port: u16,
+    backend: Backend,
 }
 
+enum Backend {
+    /// Served as Prometheus text.
+    Prometheus {
+        recorder: PrometheusRecorder,
+        handle: PrometheusHandle,
+        queue_depth: Gauge,
+        target_info: String,
+    },
+    /// Exported over OTLP.
+    Otlp(Box<Otlp>),
+}
+
+/// Why request metrics could not be exported as configured.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot export request metrics to {endpoint:?}: {reason}")]
+pub struct ExportError {
+    endpoint: String,
+    reason: String,
+}
+
+/// The OpenTelemetry instruments, exported over OTLP.
+struct Otlp {
+    provider: SdkMeterProvider,
+    server_duration: Histogram<f64>,
+    server_request_size: Histogram<u64>,
+    server_response_size: Histogram<u64>,
+    client_duration: Histogram<f64>,
+    client_request_size: Histogram<u64>,
+    invocation: Histogram<f64>,
+    queue_depth: opentelemetry::metrics::Gauge<i64>,
+}
+
+/// The Go SDK's export interval, when the configuration sets none.
+const DEFAULT_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
+
 impl CurrentMetrics {
-    /// The metrics of `revision`'s pod, whose app listens on `user_port`.
-    pub fn new(revision: &Revision, user_port: u16) -> Self {
+    /// The metrics of `revision`'s pod, whose app listens on `user_port`,
+    /// served as Prometheus text.
+    pub fn prometheus(revision: &Revision, user_port: u16) -> Self {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in [
             (SERVER_DURATION, &DURATION_BUCKETS[..]),
@@ -220,13 +263,110 @@ impl CurrentMetrics {
         );
         Self {
             inner: Arc::new(Inner {
-                handle: recorder.handle(),
-                recorder,
-                queue_depth,
-                user_port: user_port.to_string(),
-                target_info: target_info(revision),
+                user_port,
+                backend: Backend::Prometheus {
+                    handle: recorder.handle(),
+                    recorder,
+                    queue_depth,
+                    target_info: target_info(revision),
+                },
             }),
         }
+    }
+
+    /// The same instruments, exported over OTLP as `config` says.
+    pub fn otlp(
+        config: &MetricsConfig,
+        revision: &Revision,
+        user_port: u16,
+    ) -> Result<Self, ExportError> {
+        let endpoint = config.endpoint.clone().unwrap_or_default();
+        let failed = |e: opentelemetry_otlp::ExporterBuildError| ExportError {
+            endpoint: endpoint.clone(),
+            reason: e.to_string(),
+        };
+        let exporter = match config.protocol {
+            MetricsProtocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint.clone())
+                .build()
+                .map_err(failed)?,
+            _ => opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_http_client(http_client())
+                .with_endpoint(otlp_http_endpoint(&endpoint, "/v1/metrics"))
+                .build()
+                .map_err(failed)?,
+        };
+        let reader = PeriodicReader::builder(exporter, Tokio)
+            .with_interval(config.export_interval.unwrap_or(DEFAULT_EXPORT_INTERVAL))
+            .build();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(reader)
+            .with_resource(current_resource(revision))
+            .build();
+        let http = provider.meter_with_scope(
+            InstrumentationScope::builder(HTTP_SCOPE[0].1)
+                .with_version(HTTP_SCOPE[2].1)
+                .build(),
+        );
+        let queue = provider.meter(QUEUE_SCOPE[0].1);
+        let seconds = |meter: &opentelemetry::metrics::Meter, name: &'static str, help| {
+            meter
+                .f64_histogram(name)
+                .with_description(help)
+                .with_unit("s")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build()
+        };
+        let bytes = |name: &'static str, help| {
+            http.u64_histogram(name)
+                .with_description(help)
+                .with_unit("By")
+                .with_boundaries(SIZE_BUCKETS.to_vec())
+                .build()
+        };
+        let otlp = Otlp {
+            server_duration: seconds(
+                &http,
+                "http.server.request.duration",
+                "Duration of HTTP server requests.",
+            ),
+            server_request_size: bytes(
+                "http.server.request.body.size",
+                "Size of HTTP server request bodies.",
+            ),
+            server_response_size: bytes(
+                "http.server.response.body.size",
+                "Size of HTTP server response bodies.",
+            ),
+            client_duration: seconds(
+                &http,
+                "http.client.request.duration",
+                "Duration of HTTP client requests.",
+            ),
+            client_request_size: bytes(
+                "http.client.request.body.size",
+                "Size of HTTP client request bodies.",
+            ),
+            invocation: seconds(
+                &queue,
+                "kn.serving.invocation.duration",
+                "The duration of task execution",
+            ),
+            queue_depth: queue
+                .i64_gauge("kn.serving.queue.depth")
+                .with_description("Number of current requests in the queue")
+                .with_unit("{request}")
+                .build(),
+            provider,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                user_port,
+                backend: Backend::Otlp(Box::new(otlp)),
+            }),
+        })
     }
 
     /// Records a request as it reached the queue-proxy.
@@ -237,89 +377,163 @@ impl CurrentMetrics {
         response_size: u64,
         duration: Duration,
     ) {
-        let labels = self.http_labels(
-            attributes,
-            status,
-            &attributes.host,
-            attributes.port.clone(),
-        );
-        let inner = &self.inner;
-        let histogram = |name: &'static str| {
-            inner
-                .recorder
-                .register_histogram(&Key::from_parts(name, labels.clone()), &METADATA)
-        };
-        histogram(SERVER_DURATION).record(duration.as_secs_f64());
-        histogram(SERVER_REQUEST_SIZE).record(attributes.request_size as f64);
-        histogram(SERVER_RESPONSE_SIZE).record(response_size as f64);
+        let port = attributes.port.as_deref();
+        let attrs = http_attributes(attributes, status, &attributes.host, port);
+        match &self.inner.backend {
+            Backend::Prometheus { recorder, .. } => {
+                let labels = prometheus_labels(&attrs);
+                let histogram = |name: &'static str| {
+                    recorder.register_histogram(&Key::from_parts(name, labels.clone()), &METADATA)
+                };
+                histogram(SERVER_DURATION).record(duration.as_secs_f64());
+                histogram(SERVER_REQUEST_SIZE).record(attributes.request_size as f64);
+                histogram(SERVER_RESPONSE_SIZE).record(response_size as f64);
+            }
+            Backend::Otlp(o) => {
+                let kv = key_values(&attrs);
+                o.server_duration.record(duration.as_secs_f64(), &kv);
+                o.server_request_size.record(attributes.request_size, &kv);
+                o.server_response_size.record(response_size, &kv);
+            }
+        }
     }
 
     /// Records a request as the app handled it: the invocation, and the
     /// request to the app.
     pub fn record_app(&self, attributes: &HttpAttributes, status: u16, duration: Duration) {
-        let inner = &self.inner;
-        let invocation = labels(
-            &QUEUE_SCOPE,
-            [("http_response_status_code", status.to_string())],
-        );
-        inner
-            .recorder
-            .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
-            .record(duration.as_secs_f64());
-        let labels = self.http_labels(
-            attributes,
-            status,
-            "127.0.0.1",
-            Some(inner.user_port.clone()),
-        );
-        inner
-            .recorder
-            .register_histogram(&Key::from_parts(CLIENT_DURATION, labels.clone()), &METADATA)
-            .record(duration.as_secs_f64());
-        inner
-            .recorder
-            .register_histogram(&Key::from_parts(CLIENT_REQUEST_SIZE, labels), &METADATA)
-            .record(attributes.request_size as f64);
-    }
-
-    fn http_labels(
-        &self,
-        a: &HttpAttributes,
-        status: u16,
-        address: &str,
-        port: Option<String>,
-    ) -> Vec<Label> {
-        let mut extra = vec![
-            ("http_request_method", a.method.to_owned()),
-            ("http_response_status_code", status.to_string()),
-            ("kn_route_tag", a.tag()),
-            ("network_protocol_name", "http".to_owned()),
-            ("network_protocol_version", a.version.to_owned()),
-            ("server_address", address.to_owned()),
-            ("url_scheme", "http".to_owned()),
-        ];
-        if let Some(port) = port {
-            extra.push(("server_port", port));
+        let port = self.inner.user_port.to_string();
+        let attrs = http_attributes(attributes, status, "127.0.0.1", Some(&port));
+        let seconds = duration.as_secs_f64();
+        match &self.inner.backend {
+            Backend::Prometheus { recorder, .. } => {
+                let invocation = labels(
+                    &QUEUE_SCOPE,
+                    [("http_response_status_code", status.to_string())],
+                );
+                recorder
+                    .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
+                    .record(seconds);
+                let labels = prometheus_labels(&attrs);
+                recorder
+                    .register_histogram(
+                        &Key::from_parts(CLIENT_DURATION, labels.clone()),
+                        &METADATA,
+                    )
+                    .record(seconds);
+                recorder
+                    .register_histogram(&Key::from_parts(CLIENT_REQUEST_SIZE, labels), &METADATA)
+                    .record(attributes.request_size as f64);
+            }
+            Backend::Otlp(o) => {
+                let status = KeyValue::new("http.response.status_code", i64::from(status));
+                o.invocation.record(seconds, &[status]);
+                let kv = key_values(&attrs);
+                o.client_duration.record(seconds, &kv);
+                o.client_request_size.record(attributes.request_size, &kv);
+            }
         }
-        labels(&HTTP_SCOPE, extra)
     }
 
     /// Sets the queue depth: the requests inside the breaker.
     pub fn set_queue_depth(&self, depth: u32) {
-        self.inner.queue_depth.set(f64::from(depth));
+        match &self.inner.backend {
+            Backend::Prometheus { queue_depth, .. } => queue_depth.set(f64::from(depth)),
+            Backend::Otlp(o) => o.queue_depth.record(i64::from(depth), &[]),
+        }
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition (empty when exported over OTLP).
     pub fn render(&self) -> String {
-        let mut text = self.inner.handle.render();
-        text.push_str(&self.inner.target_info);
-        text
+        match &self.inner.backend {
+            Backend::Prometheus {
+                handle,
+                target_info,
+                ..
+            } => {
+                let mut text = handle.render();
+                text.push_str(target_info);
+                text
+            }
+            Backend::Otlp(_) => String::new(),
+        }
     }
 
     /// Folds recorded histogram samples into their buckets.
     pub fn run_upkeep(&self) {
-        self.inner.handle.run_upkeep();
+        if let Backend::Prometheus { handle, .. } = &self.inner.backend {
+            handle.run_upkeep();
+        }
     }
+
+    /// Exports what is recorded and stops exporting (OTLP).
+    pub fn shutdown(&self) {
+        if let Backend::Otlp(o) = &self.inner.backend
+            && let Err(e) = o.provider.shutdown()
+        {
+            tracing::debug!(error = %e, "metrics export did not shut down cleanly");
+        }
+    }
+}
+
+/// One HTTP attribute: its OpenTelemetry key and value.
+type Attribute = (&'static str, AttributeValue);
+
+enum AttributeValue {
+    Str(String),
+    Int(i64),
+}
+
+fn http_attributes(
+    a: &HttpAttributes,
+    status: u16,
+    address: &str,
+    port: Option<&str>,
+) -> Vec<Attribute> {
+    use AttributeValue::{Int, Str};
+    let mut attrs = vec![
+        ("http.request.method", Str(a.method.to_owned())),
+        ("http.response.status_code", Int(i64::from(status))),
+        ("kn.route.tag", Str(a.tag())),
+        ("network.protocol.name", Str("http".to_owned())),
+        ("network.protocol.version", Str(a.version.to_owned())),
+        ("server.address", Str(address.to_owned())),
+        ("url.scheme", Str("http".to_owned())),
+    ];
+    if let Some(port) = port.and_then(|p| p.parse().ok()) {
+        attrs.push(("server.port", Int(port)));
+    }
+    attrs
+}
+
+fn prometheus_labels(attrs: &[Attribute]) -> Vec<Label> {
+    let extra = attrs.iter().map(|(k, v)| {
+        let name = match *k {
+            "http.request.method" => "http_request_method",
+            "http.response.status_code" => "http_response_status_code",
+            "kn.route.tag" => "kn_route_tag",
+            "network.protocol.name" => "network_protocol_name",
+            "network.protocol.version" => "network_protocol_version",
+            "server.address" => "server_address",
+            "url.scheme" => "url_scheme",
+            _ => "server_port",
+        };
+        let value = match v {
+            AttributeValue::Str(s) => s.clone(),
+            AttributeValue::Int(i) => i.to_string(),
+        };
+        (name, value)
+    });
+    labels(&HTTP_SCOPE, extra)
+}
+
+fn key_values(attrs: &[Attribute]) -> Vec<KeyValue> {
+    attrs
+        .iter()
+        .map(|(k, v)| match v {
+            AttributeValue::Str(s) => KeyValue::new(*k, s.clone()),
+            AttributeValue::Int(i) => KeyValue::new(*k, *i),
+        })
+        .collect()
 }
 
 /// `scope` and `extra`, sorted by name as the exposition sorts them.

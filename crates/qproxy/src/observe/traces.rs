@@ -132,7 +132,7 @@ impl Traces {
                             opentelemetry_otlp::SpanExporter::builder()
                                 .with_http()
                                 .with_http_client(http_client())
-                                .with_endpoint(otlp_http_endpoint(&endpoint))
+                                .with_endpoint(otlp_http_endpoint(&endpoint, "/v1/traces"))
                                 .build()
                                 .map_err(failed)?
                         }
@@ -367,23 +367,23 @@ enum Exporter {
     Otlp(opentelemetry_otlp::SpanExporter),
 }
 
-fn http_client() -> opentelemetry_http::hyper::HyperClient {
+pub(crate) fn http_client() -> opentelemetry_http::hyper::HyperClient {
     opentelemetry_http::hyper::HyperClient::with_default_connector(Duration::from_secs(5), None)
 }
 
 /// An OTLP/HTTP endpoint as Knative's Go exporter takes it: without a
-/// path, the spans go to `/v1/traces`.
-fn otlp_http_endpoint(endpoint: &str) -> String {
+/// path, the signal's own (`/v1/traces`, `/v1/metrics`).
+pub(crate) fn otlp_http_endpoint(endpoint: &str, path: &str) -> String {
     match endpoint.parse::<http::Uri>() {
         Ok(uri) if matches!(uri.path(), "" | "/") => {
-            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+            format!("{}{path}", endpoint.trim_end_matches('/'))
         }
         _ => endpoint.to_owned(),
     }
 }
 
 /// Current Knative's resource: the queue-proxy container of the pod.
-fn current_resource(revision: &Revision) -> Resource {
+pub(crate) fn current_resource(revision: &Revision) -> Resource {
     let service_name = [
         revision.service.as_str(),
         revision.configuration.as_str(),
