@@ -40,7 +40,7 @@ use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicRead
 use opentelemetry_sdk::runtime::Tokio;
 
 use crate::config::{MetricsConfig, MetricsProtocol, Revision};
-use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint};
+use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint, service_name};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
@@ -553,15 +553,7 @@ fn labels(
 /// The `target_info` family: the resource current Knative describes the
 /// queue-proxy with.
 fn target_info(revision: &Revision) -> String {
-    let service_name = [
-        revision.service.as_str(),
-        revision.configuration.as_str(),
-        revision.name.as_str(),
-        revision.pod.as_str(),
-    ]
-    .into_iter()
-    .find(|s| !s.is_empty())
-    .unwrap_or_default();
+    let service_name = service_name(revision);
     let mut labels = vec![
         ("container_name", "queue-proxy".to_owned()),
         ("k8s_namespace_name", revision.namespace.clone()),

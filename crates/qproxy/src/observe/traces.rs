@@ -382,9 +382,10 @@ pub(crate) fn otlp_http_endpoint(endpoint: &str, path: &str) -> String {
     }
 }
 
-/// Current Knative's resource: the queue-proxy container of the pod.
-pub(crate) fn current_resource(revision: &Revision) -> Resource {
-    let service_name = [
+/// Current Knative's `service.name`: the first of the Service, the
+/// Configuration, the revision and the pod that is set.
+pub(crate) fn service_name(revision: &Revision) -> &str {
+    [
         revision.service.as_str(),
         revision.configuration.as_str(),
         revision.name.as_str(),
@@ -393,7 +394,11 @@ pub(crate) fn current_resource(revision: &Revision) -> Resource {
     .into_iter()
     .find(|s| !s.is_empty())
     .unwrap_or_default()
-    .to_owned();
+}
+
+/// Current Knative's resource: the queue-proxy container of the pod.
+pub(crate) fn current_resource(revision: &Revision) -> Resource {
+    let service_name = service_name(revision).to_owned();
     let mut attributes = vec![
         KeyValue::new("k8s.container.name", "queue-proxy"),
         KeyValue::new("k8s.namespace.name", revision.namespace.clone()),
