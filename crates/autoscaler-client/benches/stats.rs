@@ -1,6 +1,6 @@
 //! The cost of recording a request (an in and an out event), with the
 //! sharded recorder and with a recorder behind one mutex, as Knative's, in
-//! the same run, on 1 and 2 threads.
+//! the same run, on 1 and 2 threads; and encoding the `Stat` message.
 
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -78,5 +78,21 @@ fn per_request(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, per_request);
+/// Encoding the `Stat` the autoscaler scrapes every second.
+fn encode_stat(c: &mut Criterion) {
+    let stat = autoscaler_client::Stat {
+        pod_name: "hello-00001-deployment-6d8d4bd5b-x7k2p".to_owned(),
+        average_concurrent_requests: 3.25,
+        average_proxied_concurrent_requests: 0.5,
+        request_count: 120.0,
+        proxied_request_count: 8.0,
+        process_uptime: 3600.5,
+        timestamp: 0,
+    };
+    c.bench_function("encode a Stat", |b| {
+        b.iter(|| prost::Message::encode_to_vec(black_box(&stat)))
+    });
+}
+
+criterion_group!(benches, per_request, encode_stat);
 criterion_main!(benches);

@@ -1,0 +1,3 @@
+module qproxy.bench/app
+
+go 1.24

@@ -1,0 +1,48 @@
+// The app every contender of the benchmark fronts: Knative's helloworld-go
+// shape (Hello World!), plus a body of a chosen size and a slow answer.
+// HTTP/1.1 and cleartext HTTP/2 (prior knowledge) on one port.
+//
+//	app -addr 127.0.0.1:8080
+//
+//	GET /                → "Hello World!\n"
+//	GET /bytes?n=65536   → n bytes
+//	GET /sleep?ms=10     → "slept\n" after ms milliseconds
+package main
+
+import (
+	"bytes"
+	"flag"
+	"log"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8080", "listen address")
+	flag.Parse()
+	big := bytes.Repeat([]byte("x"), 4<<20)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("Hello World!\n"))
+	})
+	mux.HandleFunc("/bytes", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil || n < 0 || n > len(big) {
+			http.Error(w, "bad n", http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		w.Write(big[:n])
+	})
+	mux.HandleFunc("/sleep", func(w http.ResponseWriter, r *http.Request) {
+		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		w.Write([]byte("slept\n"))
+	})
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	server := &http.Server{Addr: *addr, Handler: mux, Protocols: &protocols}
+	log.Fatal(server.ListenAndServe())
+}

@@ -1,0 +1,580 @@
+#!/usr/bin/env python3
+"""The side-by-side benchmark: qproxy against the app alone (direct),
+Knative's Go queue-proxy v0.42.2 and nginx, on loopback, same app, same
+loads, same run. See benches/README.md.
+
+    benches/harness.py              # everything; writes benches/RESULTS.md
+    benches/harness.py --smoke      # one short round of load 1, qproxy and direct
+
+Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, perf, taskset.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHES = os.path.join(ROOT, "benches")
+TICK = os.sysconf("SC_CLK_TCK")
+HELLO = b"Hello World!\n"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def get(port, path="/"):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return r.status, r.read()
+
+
+def cpu_ticks(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total
+
+
+def rss_kib(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def pin(cpu, argv):
+    return ["taskset", "-c", str(cpu)] + argv if cpu is not None else argv
+
+
+# ---------------------------------------------------------------- building
+
+
+def build(args):
+    """Paths of the binaries, building what is missing."""
+    out = {}
+    if args.qproxy_bin:
+        out["qproxy"] = args.qproxy_bin
+    else:
+        subprocess.run(["cargo", "build", "--release", "-p", "qproxy", "--locked"], cwd=ROOT, check=True)
+        out["qproxy"] = os.path.join(ROOT, "target", "release", "qproxy")
+    app = os.path.join(ROOT, "target", "bench", "app")
+    subprocess.run(["go", "build", "-o", app, "."], cwd=os.path.join(BENCHES, "app"), check=True)
+    out["app"] = app
+    if "go-qp" in args.contenders:
+        go_qp = os.path.join(ROOT, "target", "oracle", "queue-v0.42.2")
+        subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), go_qp], check=True)
+        out["go-qp"] = go_qp
+    for tool in ["wrk"] + (["h2load"] if 3 in args.loads else []) + (["nginx"] if "nginx" in args.contenders else []):
+        path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
+        if not path:
+            sys.exit(f"harness: {tool} is not installed")
+        out[tool] = path
+    return out
+
+
+# ---------------------------------------------------------------- contenders
+
+
+def knative_env(user_port, main_port, cc=0, metrics=True):
+    env = {
+        "SERVING_NAMESPACE": "default",
+        "SERVING_SERVICE": "hello",
+        "SERVING_CONFIGURATION": "hello",
+        "SERVING_REVISION": "hello-00001",
+        "SERVING_POD": "hello-00001-deployment-bench",
+        "SERVING_POD_IP": "127.0.0.1",
+        "QUEUE_SERVING_PORT": str(main_port),
+        "QUEUE_SERVING_TLS_PORT": str(free_port()),
+        "USER_PORT": str(user_port),
+        "CONTAINER_CONCURRENCY": str(cc),
+        "REVISION_TIMEOUT_SECONDS": "300",
+        "SERVING_LOGGING_CONFIG": "",
+        "SERVING_LOGGING_LEVEL": "",
+        "SERVING_READINESS_PROBE": '{"tcpSocket":{"port":%d,"host":"127.0.0.1"},"successThreshold":1}' % user_port,
+        "SERVING_REQUEST_METRICS_BACKEND": "prometheus" if metrics else "",
+        "TRACING_CONFIG_BACKEND": "none",
+        "SYSTEM_NAMESPACE": "knative-serving",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    return env
+
+
+class Contender:
+    """One proxy (or none) in front of the app; started per measurement."""
+
+    def __init__(self, name, bins, variant, cc=0):
+        self.name, self.bins, self.variant, self.cc = name, bins, variant, cc
+        self.procs, self.tmp = [], None
+        self.port = self.h2_port = None
+
+    @property
+    def proxy_cpu(self):
+        return 0 if self.variant == "pinned" else None
+
+    def start(self, app_port):
+        name, cpu = self.name, self.proxy_cpu
+        if name == "direct":
+            self.port = self.h2_port = app_port
+            return
+        self.port = free_port()
+        self.h2_port = self.port
+        if name.startswith("qproxy"):
+            env = knative_env(app_port, self.port, self.cc, metrics=(name == "qproxy"))
+            env.update(QPROXY_ADMIN_PORT="0", QPROXY_STATS_PORT="0", QPROXY_METRICS_PORT="0",
+                       QPROXY_DRAIN_QUIET_SECONDS="0")
+            argv = [self.bins["qproxy"]]
+        elif name == "go-qp":
+            env = knative_env(app_port, self.port, self.cc)
+            if self.variant == "pinned":
+                env["GOMAXPROCS"] = "1"
+            argv = [self.bins["go-qp"]]
+        elif name == "nginx":
+            self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-nginx-")
+            self.h2_port = free_port()
+            conf = os.path.join(self.tmp, "nginx.conf")
+            with open(conf, "w") as f:
+                f.write(NGINX_CONF.format(tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port))
+            argv, env = [self.bins["nginx"], "-c", conf, "-p", self.tmp], dict(os.environ)
+        else:
+            raise ValueError(name)
+        p = subprocess.Popen(pin(cpu, argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        self.procs.append(p)
+        wait_for(f"{name} to serve", lambda: get(self.port)[0] == 200)
+
+    def pids(self):
+        if self.name == "direct":
+            return []
+        pids = [p.pid for p in self.procs]
+        if self.name == "nginx":  # the master and its worker
+            out = subprocess.run(["pgrep", "-P", str(pids[0])], capture_output=True, text=True).stdout
+            pids += [int(x) for x in out.split()]
+        return pids
+
+    def stop(self):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        self.procs = []
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+NGINX_CONF = """
+daemon off;
+master_process on;
+worker_processes 1;
+error_log {tmp}/error.log crit;
+pid {tmp}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 10000000;
+    client_body_temp_path {tmp};
+    proxy_temp_path {tmp};
+    fastcgi_temp_path {tmp};
+    uwsgi_temp_path {tmp};
+    scgi_temp_path {tmp};
+    upstream app {{ server 127.0.0.1:{app}; keepalive 128; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
+    }}
+    server {{
+        listen 127.0.0.1:{h2_port} http2;
+        location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
+    }}
+}}
+"""
+
+# ---------------------------------------------------------------- loads
+
+
+def parse_duration(s):
+    m = re.match(r"([\d.]+)(us|ms|s|m)", s)
+    if not m:
+        return None
+    v = float(m.group(1))
+    return v * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
+
+
+def run_wrk(bins, port, path, conns, seconds, client_cpu):
+    out = subprocess.run(
+        pin(client_cpu, [bins["wrk"], "-t1", f"-c{conns}", f"-d{seconds}s", "--latency",
+                         f"http://127.0.0.1:{port}{path}"]),
+        capture_output=True, text=True, check=True).stdout
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    pct = {m.group(1): parse_duration(m.group(2)) for m in re.finditer(r"^\s+(50|99)%\s+(\S+)", out, re.M)}
+    errors = 0
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        errors += int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        errors += sum(int(x) for x in m.groups())
+    tr = re.search(r"Transfer/sec:\s+([\d.]+)([KMG]?B)", out)
+    bytes_per_s = float(tr.group(1)) * {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}[tr.group(2)] if tr else 0
+    return {"requests": requests, "rps": rate, "p50": pct.get("50"), "p99": pct.get("99"), "errors": errors,
+            "bytes_per_s": bytes_per_s, "seconds": seconds, "non2xx": errors}
+
+
+def run_h2load(bins, port, seconds, client_cpu):
+    out = subprocess.run(
+        pin(client_cpu, [bins["h2load"], "-c10", "-m10", "-D", str(seconds), f"http://127.0.0.1:{port}/"]),
+        capture_output=True, text=True).stdout
+    m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    rate = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
+    if not m or not rate:
+        return {"requests": 0, "rps": 0, "errors": 1, "p50": None, "p99": None}
+    done, ok = int(m.group(2)), int(m.group(3))
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out)
+    return {"requests": ok, "rps": float(rate.group(1)), "errors": done - ok, "p50": parse_duration(mean.group(1)) if mean else None,
+            "p99": None}
+
+
+class Perf:
+    """Counts a process's instructions while a load runs."""
+
+    def __init__(self, pids):
+        self.proc = None
+        if pids and shutil.which("perf"):
+            self.proc = subprocess.Popen(["perf", "stat", "-x,", "-e", "instructions", "-p", ",".join(map(str, pids))],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self):
+        if not self.proc:
+            return None
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate()
+        for line in err.splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and "instructions" in fields[2] and fields[0].isdigit():
+                return int(fields[0])
+        return None
+
+
+def measured(contender, bins, load, args):
+    """Runs `load` against a started contender; adds proxy CPU and instructions."""
+    pids = contender.pids()
+    client_cpu = 1 if contender.variant == "pinned" else None
+    before = cpu_ticks(pids)
+    perf = Perf(pids) if not args.smoke else None
+    result = load(client_cpu)
+    instructions = perf.stop() if perf else None
+    ticks = cpu_ticks(pids) - before
+    n = max(result["requests"], 1)
+    result["cpu_us"] = ticks / TICK / n * 1e6 if pids else None
+    result["cpu_s"] = ticks / TICK
+    result["instructions"] = instructions / n if instructions else None
+    return result
+
+
+def check_app_answers(port):
+    status, body = get(port)
+    if status != 200 or body != HELLO:
+        raise RuntimeError(f"wrong answer through port {port}: {status} {body!r}")
+
+
+def throughput_loads(args):
+    """Loads 1 to 4: name, url path, how it is run."""
+    d = args.seconds
+    loads = {}
+    if 1 in args.loads:
+        loads["1 keep-alive c70"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/", 70, d, cpu)
+    if 2 in args.loads:
+        loads["2 sequential c1"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/", 1, d, cpu)
+    if 3 in args.loads:
+        loads["3 h2c 10x10"] = lambda b, c: lambda cpu: run_h2load(b, c.h2_port, d, cpu)
+    if 4 in args.loads:
+        loads["4 64KiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=65536", 10, d, cpu)
+        loads["4 1MiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=1048576", 10, d, cpu)
+    return loads
+
+
+def start_app(bins, variant):
+    port = free_port()
+    cpu = 1 if variant == "pinned" else None
+    p = subprocess.Popen(pin(cpu, [bins["app"], "-addr", f"127.0.0.1:{port}"]), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for("the app", lambda: get(port)[0] == 200)
+    return p, port
+
+
+def stop(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def run_throughput(args, bins):
+    """{(variant, load, contender): [round results]}"""
+    results = {}
+    for variant in args.variants:
+        app, app_port = start_app(bins, variant)
+        try:
+            for load_name, make in throughput_loads(args).items():
+                for rnd in range(args.rounds):
+                    for name in args.contenders:
+                        c = Contender(name, bins, variant)
+                        c.start(app_port)
+                        try:
+                            check_app_answers(c.port)
+                            # Warm up, then measure.
+                            warm = make(bins, c)
+                            if not args.smoke:
+                                run_wrk(bins, c.port, "/", 10, 1, 1 if variant == "pinned" else None)
+                            r = measured(c, bins, warm, args)
+                        finally:
+                            c.stop()
+                        results.setdefault((variant, load_name, name), []).append(r)
+                        print(f"  {variant:9} {load_name:18} {name:17} round {rnd + 1}: "
+                              f"{r['rps']:10.0f} req/s  errors {r['errors']}"
+                              + (f"  {r['cpu_us']:.1f} µs CPU/req" if r.get("cpu_us") else ""), flush=True)
+        finally:
+            stop(app)
+    return results
+
+
+def run_concurrency(args, bins):
+    """Load 5: containerConcurrency 1 and 10 against a 10 ms app."""
+    results = {}
+    app, app_port = start_app(bins, "unpinned")
+    try:
+        for cc in (1, 10):
+            for name in [n for n in args.contenders if n in ("qproxy", "go-qp")]:
+                c = Contender(name, bins, "unpinned", cc=cc)
+                c.start(app_port)
+                try:
+                    r = run_wrk(bins, c.port, "/sleep?ms=10", cc * 2, args.seconds, None)
+                finally:
+                    c.stop()
+                results[(cc, name)] = r
+                print(f"  cc={cc:<3} {name:17} {r['rps']:8.0f} req/s (ideal {cc * 100}), non-2xx {r['non2xx']}", flush=True)
+    finally:
+        stop(app)
+    return results
+
+
+def run_footprint(args, bins):
+    """Loads 6 to 8: memory idle and with 1,000 connections, start-up, idle CPU."""
+    results = {}
+    app, app_port = start_app(bins, "unpinned")
+    try:
+        for name in [n for n in args.contenders if n != "direct"]:
+            c = Contender(name, bins, "unpinned")
+            t0 = time.monotonic()
+            c.start(app_port)
+            startup = time.monotonic() - t0
+            try:
+                idle_rss = rss_kib(c.pids())
+                before = cpu_ticks(c.pids())
+                time.sleep(args.idle_seconds)
+                idle_cpu = (cpu_ticks(c.pids()) - before) / TICK
+                socks = []
+                for _ in range(1000):
+                    s = socket.create_connection(("127.0.0.1", c.port))
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    socks.append(s)
+                for s in socks:
+                    s.recv(4096)
+                busy_rss = rss_kib(c.pids())
+                for s in socks:
+                    s.close()
+            finally:
+                c.stop()
+            results[name] = {"startup_ms": startup * 1e3, "idle_rss": idle_rss, "rss_1000": busy_rss,
+                             "idle_cpu_ms": idle_cpu * 1e3}
+            print(f"  {name:17} start {startup * 1e3:.1f} ms, RSS idle {idle_rss} KiB, "
+                  f"with 1000 conns {busy_rss} KiB, idle CPU {idle_cpu * 1e3:.0f} ms/{args.idle_seconds}s", flush=True)
+    finally:
+        stop(app)
+    return results
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def med(rounds, key):
+    vals = [r[key] for r in rounds if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, unit="", digits=1):
+    if v is None:
+        return "–"
+    return f"{v:,.{digits}f}{unit}"
+
+
+def report(args, throughput, concurrency, footprint):
+    lines = []
+    for variant in args.variants:
+        lines.append(f"### Throughput and cost, {variant}\n")
+        lines.append("| load | contender | req/s | p50 (h2c: mean) | p99 | errors | proxy CPU µs/req | instructions/req |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for load_name in throughput_loads(args):
+            for name in args.contenders:
+                rounds = throughput.get((variant, load_name, name), [])
+                failed = any(r["errors"] for r in rounds)
+                p50, p99 = med(rounds, "p50"), med(rounds, "p99")
+                lines.append(
+                    f"| {load_name} | {name} | {fmt(med(rounds, 'rps'), digits=0)}{' (FAILED)' if failed else ''} | "
+                    f"{fmt(p50 and p50 * 1e6, ' µs', 0)} | {fmt(p99 and p99 * 1e6, ' µs', 0)} | "
+                    f"{sum(r['errors'] for r in rounds)} | {fmt(med(rounds, 'cpu_us'))} | "
+                    f"{fmt(med(rounds, 'instructions'), digits=0)} |")
+        lines.append("")
+    if concurrency:
+        lines.append("### containerConcurrency against a 10 ms app (2×CC connections)\n")
+        lines.append("| CC | contender | req/s | ideal | non-2xx |")
+        lines.append("|---|---|---|---|---|")
+        for (cc, name), r in sorted(concurrency.items()):
+            lines.append(f"| {cc} | {name} | {r['rps']:.0f} | {cc * 100} | {r['non2xx']} |")
+        lines.append("")
+    if footprint:
+        lines.append("### Footprint\n")
+        lines.append(f"| contender | start-up to first 200 | RSS idle | RSS, 1,000 idle connections | idle CPU over {args.idle_seconds} s |")
+        lines.append("|---|---|---|---|---|")
+        for name, r in footprint.items():
+            lines.append(f"| {name} | {r['startup_ms']:.1f} ms | {r['idle_rss'] / 1024:.1f} MiB | "
+                         f"{r['rss_1000'] / 1024:.1f} MiB | {r['idle_cpu_ms']:.0f} ms |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def svg(args, throughput):
+    """Bars: proxy CPU per request and throughput on load 1, per variant."""
+    load = next(iter(throughput_loads(args)), None)
+    rows = []
+    for variant in args.variants:
+        for name in args.contenders:
+            rounds = throughput.get((variant, load, name), [])
+            rows.append((f"{name} ({variant})", med(rounds, "rps") or 0, med(rounds, "cpu_us") or 0))
+    width, bar_h, left = 760, 22, 200
+    height = 60 + len(rows) * (bar_h + 8) * 2 + 40
+    max_rps = max([r[1] for r in rows] + [1])
+    max_cpu = max([r[2] for r in rows] + [1])
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+           f'<text x="10" y="20" font-size="14">Load {load}: throughput (req/s) and proxy CPU per request (µs)</text>']
+    y = 40
+    for title, key, scale, color in (("req/s", 1, max_rps, "#4a7ab5"), ("CPU µs/req", 2, max_cpu, "#c05a3a")):
+        out.append(f'<text x="10" y="{y + 12}" font-weight="bold">{title}</text>')
+        y += 20
+        for r in rows:
+            w = (width - left - 80) * r[key] / scale
+            out.append(f'<text x="10" y="{y + 15}">{r[0]}</text>')
+            out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>')
+            out.append(f'<text x="{left + w + 5:.1f}" y="{y + 15}">{r[key]:,.1f}</text>')
+            y += bar_h + 6
+        y += 10
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="one short round of load 1, qproxy and direct; nothing written")
+    ap.add_argument("--qproxy-bin", help="use this qproxy binary instead of building --release")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--idle-seconds", type=int, default=30)
+    ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx")
+    ap.add_argument("--loads", default="1,2,3,4,5,6")
+    ap.add_argument("--variants", default="pinned,unpinned")
+    args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.seconds, args.contenders, args.loads, args.variants = 1, 2, "direct,qproxy", "1", "unpinned"
+    args.contenders = args.contenders.split(",")
+    args.loads = [int(x) for x in args.loads.split(",")]
+    args.variants = args.variants.split(",")
+
+    # A thousand connections, in this process and the proxies it starts.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    bins = build(args)
+    print("== loads 1-4", flush=True)
+    throughput = run_throughput(args, bins)
+    concurrency = footprint = None
+    if 5 in args.loads:
+        print("== load 5", flush=True)
+        concurrency = run_concurrency(args, bins)
+    if 6 in args.loads:
+        print("== loads 6-8", flush=True)
+        footprint = run_footprint(args, bins)
+    table = report(args, throughput, concurrency, footprint)
+    print(table)
+    failed = [k for k, rounds in throughput.items() if any(r["errors"] for r in rounds)]
+    if args.smoke:
+        sys.exit(1 if failed else 0)
+
+    command = "benches/harness.py " + " ".join(sys.argv[1:])
+    with open(os.path.join(BENCHES, "load1.svg"), "w") as f:
+        f.write(svg(args, throughput))
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        m = re.search(r"model name\s*:\s*(.*)", f.read())
+        cpu = m.group(1) if m else platform.processor()
+    header = (f"{datetime.date.today()}, {os.cpu_count()} vCPU {cpu}, Linux {platform.release()}. Command:\n\n"
+              f"    {command.strip()}\n\n"
+              f"{args.rounds} rounds alternating contenders, {args.seconds} s per load, medians; pinned: proxy on "
+              f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker); unpinned: "
+              f"no affinity. `qproxy` runs with Knative's default request metrics (Prometheus) on, "
+              f"`qproxy-nometrics` with them off. Picture: [load1.svg](load1.svg).\n\n")
+    path = os.path.join(BENCHES, "RESULTS.md")
+    with open(path) as f:
+        text = f.read()
+    begin, end = "<!-- harness:begin -->", "<!-- harness:end -->"
+    section = f"{begin}\n## Side by side (`benches/harness.py`)\n\n{header}{table}\n{end}"
+    if begin in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"written: {path}, benches/load1.svg")
+
+
+if __name__ == "__main__":
+    main()
