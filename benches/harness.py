@@ -66,13 +66,14 @@ def cpu_ticks(pids):
     return total
 
 
-def rss_kib(pids):
+def rss_kib(pids, field="VmRSS:"):
+    """Resident memory (or, with `VmHWM:`, its peak) of `pids`, in KiB."""
     total = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field):
                         total += int(line.split()[1])
         except OSError:
             pass
@@ -308,6 +309,7 @@ def measured(contender, bins, load, args):
     result["cpu_us"] = ticks / TICK / n * 1e6 if pids else None
     result["cpu_s"] = ticks / TICK
     result["instructions"] = instructions / n if instructions else None
+    result["peak_rss"] = rss_kib(pids, "VmHWM:") / 1024 if pids else None
     return result
 
 
@@ -453,8 +455,8 @@ def report(args, throughput, concurrency, footprint):
     lines = []
     for variant in args.variants:
         lines.append(f"### Throughput and cost, {variant}\n")
-        lines.append("| load | contender | req/s | p50 (h2c: mean) | p99 | errors | proxy CPU µs/req | instructions/req |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| load | contender | req/s | p50 (h2c: mean) | p99 | errors | proxy CPU µs/req | instructions/req | peak RSS |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for load_name in throughput_loads(args):
             for name in args.contenders:
                 rounds = throughput.get((variant, load_name, name), [])
@@ -464,7 +466,7 @@ def report(args, throughput, concurrency, footprint):
                     f"| {load_name} | {name} | {fmt(med(rounds, 'rps'), digits=0)}{' (FAILED)' if failed else ''} | "
                     f"{fmt(p50 and p50 * 1e6, ' µs', 0)} | {fmt(p99 and p99 * 1e6, ' µs', 0)} | "
                     f"{sum(r['errors'] for r in rounds)} | {fmt(med(rounds, 'cpu_us'))} | "
-                    f"{fmt(med(rounds, 'instructions'), digits=0)} |")
+                    f"{fmt(med(rounds, 'instructions'), digits=0)} | {fmt(med(rounds, 'peak_rss'), ' MiB')} |")
         lines.append("")
     if concurrency:
         lines.append("### containerConcurrency against a 10 ms app (2×CC connections)\n")

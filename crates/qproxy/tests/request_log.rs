@@ -296,3 +296,98 @@ async fn upgrades_and_cut_responses_are_logged_as_go_logs_them() {
     assert_eq!(got, ["RL GET /cut 500 0", "RL GET /ws 200 0"]);
     assert_eq!(got, want);
 }
+
+/// A line of Knative's default template with what depends on timing or on
+/// the client's port set aside: `latency` checked to be seconds, `remoteIp`
+/// cut to its address.
+fn comparable(line: &str) -> serde_json::Value {
+    let mut v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let r = &mut v["httpRequest"];
+    let latency = r["latency"].as_str().unwrap_or_default().to_owned();
+    let seconds: f64 = latency
+        .strip_suffix('s')
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(-1.0);
+    assert!((0.0..5.0).contains(&seconds), "latency {latency:?}");
+    r["latency"] = "…s".into();
+    let remote = r["remoteIp"].as_str().unwrap_or_default().to_owned();
+    r["remoteIp"] = remote
+        .rsplit_once(':')
+        .map_or(remote.clone(), |(ip, _)| ip.to_owned())
+        .into();
+    v
+}
+
+/// Waits until `lines` gives `n` lines of the default template; returns
+/// them comparable and in a fixed order.
+async fn default_lines(
+    what: &str,
+    n: usize,
+    lines: impl Fn() -> Vec<String>,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let got: Vec<String> = lines()
+            .into_iter()
+            .filter(|l| l.starts_with("{\"httpRequest\""))
+            .collect();
+        if got.len() >= n {
+            let mut got: Vec<_> = got.iter().map(|l| comparable(l)).collect();
+            got.sort_by_key(|v| v["httpRequest"]["requestUrl"].to_string());
+            return got;
+        }
+        assert!(Instant::now() < deadline, "{what}: {got:#?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knative_s_default_template_matches_the_go_queue_proxy() {
+    let app = app().await;
+    // Classic Knative's default, as its config-observability carries it.
+    let template = qproxy::config::DEFAULT_REQUEST_LOG_TEMPLATE.replace(
+        r#""{{.TraceID}}""#,
+        r#""{{index .Request.Header "X-B3-Traceid"}}""#,
+    );
+    let env = env(&app, &template, false);
+    async fn play(main: SocketAddr) {
+        let traced = get(
+            "/ok?q=%3Cx%3E&r=1",
+            &[
+                ("User-Agent", "curl/8 \"quoted\""),
+                ("Referer", "https://example.com/?a=b&c=d"),
+                ("X-B3-TraceId", "463ac35c9f6413ad"),
+            ],
+        );
+        h1(main, traced).await.collect().await.unwrap();
+        let mut post = get("/echo", &[]);
+        *post.method_mut() = http::Method::POST;
+        *post.body_mut() = full("some body");
+        h1(main, post).await.collect().await.unwrap();
+        h2(main, get("/fail", &[])).await.collect().await.unwrap();
+    }
+
+    let go = GoQueueProxy::start(&env).await;
+    play(go.main).await;
+    let want = default_lines("Go", 3, || go.output()).await;
+    drop(go);
+
+    let qp = QProxy::start_env(&env);
+    play(qp.main).await;
+    // qproxy's lines are JSON, which the test's log reader takes apart.
+    let got = default_lines("qproxy", 3, || {
+        qp.logs_on("stdout")
+            .into_iter()
+            .filter(|l| l.get("httpRequest").is_some())
+            .map(|mut l| {
+                if let Some(o) = l.as_object_mut() {
+                    o.remove("_stream");
+                }
+                l.to_string()
+            })
+            .collect()
+    })
+    .await;
+    assert_eq!(got, want);
+}
