@@ -104,15 +104,19 @@ async fn play(main: SocketAddr) {
     }
 }
 
-/// The request log lines (`RL ...`) among `lines`, sorted: each line is
+/// The lines starting with `prefix` among `lines`, sorted: each line is
 /// written once its request is done, which may be after the client has
 /// its response.
-fn request_lines(lines: impl IntoIterator<Item = String>) -> Vec<String> {
-    let mut lines: Vec<String> = lines.into_iter().filter(|l| l.starts_with("RL ")).collect();
+fn lines_with(prefix: &str, lines: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut lines: Vec<String> = lines
+        .into_iter()
+        .filter(|l| l.starts_with(prefix))
+        .collect();
     lines.sort();
     lines
 }
 
+/// What qproxy wrote on stdout that is not a JSON log line.
 fn raw_lines(qp: &QProxy) -> Vec<String> {
     qp.logs_on("stdout")
         .into_iter()
@@ -120,10 +124,22 @@ fn raw_lines(qp: &QProxy) -> Vec<String> {
         .collect()
 }
 
+/// Waits until `lines` has `n` request log lines (`RL ...`).
 async fn wait_lines(what: &str, n: usize, lines: impl Fn() -> Vec<String>) -> Vec<String> {
+    wait_prefixed(what, n, "RL ", lines).await
+}
+
+/// Waits until `lines` has `n` lines starting with `prefix`; returns them
+/// sorted.
+async fn wait_prefixed(
+    what: &str,
+    n: usize,
+    prefix: &str,
+    lines: impl Fn() -> Vec<String>,
+) -> Vec<String> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let got = request_lines(lines());
+        let got = lines_with(prefix, lines());
         if got.len() >= n {
             return got;
         }
@@ -326,20 +342,10 @@ async fn default_lines(
     n: usize,
     lines: impl Fn() -> Vec<String>,
 ) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let got: Vec<String> = lines()
-            .into_iter()
-            .filter(|l| l.starts_with("{\"httpRequest\""))
-            .collect();
-        if got.len() >= n {
-            let mut got: Vec<_> = got.iter().map(|l| comparable(l)).collect();
-            got.sort_by_key(|v| v["httpRequest"]["requestUrl"].to_string());
-            return got;
-        }
-        assert!(Instant::now() < deadline, "{what}: {got:#?}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let got = wait_prefixed(what, n, "{\"httpRequest\"", lines).await;
+    let mut got: Vec<_> = got.iter().map(|l| comparable(l)).collect();
+    got.sort_by_key(|v| v["httpRequest"]["requestUrl"].to_string());
+    got
 }
 
 #[tokio::test(flavor = "multi_thread")]
