@@ -26,7 +26,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Version;
 use metrics::{Gauge, Key, KeyName, Label, Level, Metadata, Recorder};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -40,6 +39,7 @@ use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicRead
 use opentelemetry_sdk::runtime::Tokio;
 
 use crate::config::{MetricsConfig, MetricsProtocol, Revision};
+use crate::observe::semconv;
 use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint, service_name};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
@@ -106,32 +106,13 @@ impl HttpAttributes {
     /// The attributes of `req`.
     pub fn of<B: http_body::Body>(req: &http::Request<B>) -> Self {
         let headers = req.headers();
-        let host = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| {
-                headers
-                    .get(http::header::HOST)
-                    .and_then(|v| v.to_str().ok())
-            })
-            .unwrap_or("");
-        let (host, port) = match host.rsplit_once(':') {
-            Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !p.is_empty() => {
-                (h.to_owned(), Some(p.to_owned()))
-            }
-            _ => (host.to_owned(), None),
-        };
+        let (host, port) = semconv::split_host(semconv::host(req));
         let (route_tag, route_tag_value) = route_tag(headers);
         Self {
-            method: method(req.method()),
-            version: match req.version() {
-                Version::HTTP_10 => "1.0",
-                Version::HTTP_2 => "2",
-                _ => "1.1",
-            },
-            host,
-            port,
+            method: semconv::method(req.method()),
+            version: semconv::protocol_version(req.version()),
+            host: host.to_owned(),
+            port: port.map(str::to_owned),
             route_tag,
             route_tag_value,
             request_size: req.body().size_hint().exact().unwrap_or(0),
@@ -161,21 +142,6 @@ fn route_tag(headers: &http::HeaderMap) -> (&'static str, Option<String>) {
         ("", _) => ("kn:default", None),
         (_, "true") => ("kn:undefined", None),
         (tag, _) => ("", Some(tag.to_owned())),
-    }
-}
-
-fn method(method: &http::Method) -> &'static str {
-    match method.as_str() {
-        "GET" => "GET",
-        "POST" => "POST",
-        "PUT" => "PUT",
-        "DELETE" => "DELETE",
-        "HEAD" => "HEAD",
-        "OPTIONS" => "OPTIONS",
-        "PATCH" => "PATCH",
-        "CONNECT" => "CONNECT",
-        "TRACE" => "TRACE",
-        _ => "_OTHER",
     }
 }
 

@@ -5,6 +5,7 @@ pub mod current_metrics;
 pub mod log;
 pub mod request_log;
 pub mod request_metrics;
+pub mod semconv;
 pub mod traces;
 pub mod zipkin;
 

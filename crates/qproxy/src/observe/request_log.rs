@@ -32,6 +32,7 @@ use go_template::{Object, Template, Value, canonical_header_key, float_v};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use crate::config::{Generation, Revision};
+use crate::observe::semconv;
 
 /// The request log of the main port.
 #[derive(Debug)]
@@ -214,23 +215,10 @@ fn host<B>(req: &Request<B>) -> Vec<u8> {
     }
 }
 
-/// Go's `Request.RequestURI`: the request target as received (`:path` in
-/// HTTP/2).
-fn request_uri(arrived: &Arrived) -> Cow<'_, str> {
-    let uri = &arrived.uri;
-    if arrived.version == Version::HTTP_2 || uri.scheme().is_none() {
-        match uri.path_and_query() {
-            Some(pq) => Cow::Borrowed(pq.as_str()),
-            None => Cow::Owned(uri.to_string()),
-        }
-    } else {
-        Cow::Owned(uri.to_string())
-    }
-}
-
-/// Go's `URL.String()` of a server request's URL: the target as received.
+/// Go's `Request.RequestURI`, which is also what `URL.String()` gives for
+/// a server request.
 fn url_string(arrived: &Arrived) -> Cow<'_, str> {
-    request_uri(arrived)
+    semconv::request_target(&arrived.uri, arrived.version)
 }
 
 fn percent_decode(s: &str) -> Vec<u8> {
@@ -350,7 +338,7 @@ impl Object for RequestView<'_> {
         let (proto, major, minor) = proto(a.version);
         Some(match name {
             "Method" => Value::str(a.method.as_str()),
-            "RequestURI" => Value::Str(match request_uri(a) {
+            "RequestURI" => Value::Str(match url_string(a) {
                 Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
                 Cow::Owned(s) => Cow::Owned(s.into_bytes()),
             }),

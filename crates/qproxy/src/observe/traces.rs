@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
@@ -45,6 +45,7 @@ use opentelemetry_sdk::trace::{
 };
 
 use crate::config::{Generation, Observability, Revision, TracingBackend, TracingProtocol};
+use crate::observe::semconv;
 use crate::observe::zipkin::ZipkinExporter;
 
 /// Why tracing could not be set up.
@@ -211,13 +212,16 @@ impl Traces {
             .get(http::header::USER_AGENT)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        let host = host(req);
+        let host = semconv::host(req);
         let mut attributes = Vec::with_capacity(10);
         let name: Cow<'static, str> = match self.generation {
             Generation::Classic => {
                 attributes.extend([
                     KeyValue::new("http.path", req.uri().path().to_owned()),
-                    KeyValue::new("http.url", target(req)),
+                    KeyValue::new(
+                        "http.url",
+                        semconv::request_target(req.uri(), req.version()).into_owned(),
+                    ),
                     KeyValue::new("http.host", host.to_owned()),
                     KeyValue::new("http.method", req.method().to_string()),
                 ]);
@@ -227,23 +231,26 @@ impl Traces {
                 Cow::Owned(req.uri().path().to_owned())
             }
             Generation::Current => {
-                let (address, port) = split_host(host);
+                let (address, port) = semconv::split_host(host);
                 attributes.extend([
-                    KeyValue::new("http.request.method", method_name(req.method())),
+                    KeyValue::new("http.request.method", semconv::method(req.method())),
                     KeyValue::new("url.scheme", "http"),
                     KeyValue::new("server.address", address.to_owned()),
                     KeyValue::new("network.peer.address", remote.ip().to_string()),
                     KeyValue::new("network.peer.port", i64::from(remote.port())),
                     KeyValue::new("url.path", req.uri().path().to_owned()),
-                    KeyValue::new("network.protocol.version", protocol_version(req.version())),
+                    KeyValue::new(
+                        "network.protocol.version",
+                        semconv::protocol_version(req.version()),
+                    ),
                 ]);
-                if let Some(port) = port {
+                if let Some(port) = port.and_then(|p| p.parse::<i64>().ok()) {
                     attributes.push(KeyValue::new("server.port", port));
                 }
                 if !user_agent.is_empty() {
                     attributes.push(KeyValue::new("user_agent.original", user_agent.to_owned()));
                 }
-                Cow::Borrowed(method_name(req.method()))
+                Cow::Borrowed(semconv::span_name(req.method()))
             }
         };
         self.tracer
@@ -293,11 +300,14 @@ impl Traces {
             Generation::Current => (
                 Cow::Owned(format!("HTTP {}", req.method())),
                 vec![
-                    KeyValue::new("http.request.method", method_name(req.method())),
+                    KeyValue::new("http.request.method", semconv::method(req.method())),
                     KeyValue::new("url.full", url),
                     KeyValue::new("server.address", self.app.ip().to_string()),
                     KeyValue::new("server.port", i64::from(self.app.port())),
-                    KeyValue::new("network.protocol.version", protocol_version(req.version())),
+                    KeyValue::new(
+                        "network.protocol.version",
+                        semconv::protocol_version(req.version()),
+                    ),
                 ],
             ),
         };
@@ -541,58 +551,6 @@ fn opencensus_status(status: StatusCode) -> Option<&'static str> {
         504 => "DEADLINE_EXCEEDED",
         _ => "UNKNOWN",
     })
-}
-
-fn method_name(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        Method::PATCH => "PATCH",
-        Method::CONNECT => "CONNECT",
-        Method::TRACE => "TRACE",
-        _ => "HTTP",
-    }
-}
-
-fn protocol_version(version: http::Version) -> &'static str {
-    match version {
-        http::Version::HTTP_10 => "1.0",
-        http::Version::HTTP_2 => "2",
-        _ => "1.1",
-    }
-}
-
-fn host<B>(req: &Request<B>) -> &str {
-    req.uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            req.headers()
-                .get(http::header::HOST)
-                .and_then(|v| v.to_str().ok())
-        })
-        .unwrap_or("")
-}
-
-fn split_host(host: &str) -> (&str, Option<i64>) {
-    match host.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || host.starts_with('[') => match p.parse() {
-            Ok(port) => (h.trim_start_matches('[').trim_end_matches(']'), Some(port)),
-            Err(_) => (host, None),
-        },
-        _ => (host, None),
-    }
-}
-
-fn target<B>(req: &Request<B>) -> String {
-    match req.uri().scheme() {
-        Some(_) if req.version() != http::Version::HTTP_2 => req.uri().to_string(),
-        _ => path_and_query(req).to_owned(),
-    }
 }
 
 fn path_and_query<B>(req: &Request<B>) -> &str {
