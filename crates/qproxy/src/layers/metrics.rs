@@ -31,8 +31,8 @@ use tower::{Layer, Service};
 use crate::body::{Guarded, GuardedFuture, Outcome, Settle};
 use crate::headers::is_probe;
 use crate::observe::UserMetrics;
-use crate::observe::current_metrics::HttpAttributes;
-use crate::observe::request_metrics::{Scope, route_tag};
+use crate::observe::current_metrics::{CurrentMetrics, HttpAttributes};
+use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
 
 /// Adds [`Metrics`] to a stack.
 #[derive(Debug, Clone)]
@@ -103,19 +103,21 @@ where
         }
         let measuring = match &layer.metrics {
             Some(metrics) if !is_probe(req.headers()) => {
-                let labels = match (metrics, layer.scope) {
-                    (UserMetrics::Classic(_), Scope::Revision) => {
-                        Labels::RouteTag(route_tag(req.headers()))
+                let series = match metrics {
+                    UserMetrics::Classic(m) => {
+                        let tag = match layer.scope {
+                            Scope::Revision => route_tag(req.headers()),
+                            Scope::App => Cow::Borrowed(""),
+                        };
+                        Series::Classic(m.clone(), tag)
                     }
-                    (UserMetrics::Classic(_), Scope::App) => Labels::RouteTag(Cow::Borrowed("")),
-                    (UserMetrics::Current(_), _) => {
-                        Labels::Http(Box::new(HttpAttributes::of(&req)))
+                    UserMetrics::Current(m) => {
+                        Series::Current(m.clone(), Box::new(HttpAttributes::of(&req)))
                     }
                 };
                 Some(Measuring {
-                    metrics: metrics.clone(),
+                    series,
                     scope: layer.scope,
-                    labels,
                     start: Instant::now(),
                     outcome: Outcome::new(req.method()),
                     size: 0,
@@ -131,22 +133,22 @@ where
 /// body is done with, or, dropped before any response, as a `502`.
 #[derive(Debug)]
 pub struct Measuring {
-    metrics: UserMetrics,
+    series: Series,
     scope: Scope,
-    labels: Labels,
     start: Instant,
     outcome: Outcome,
     /// Body bytes sent.
     size: u64,
 }
 
-/// What a request's series are chosen by, beyond its status.
+/// Where a request is recorded, and what chooses its series beyond its
+/// status.
 #[derive(Debug)]
-enum Labels {
-    /// Classic Knative's route tag (empty for the app's series).
-    RouteTag(Cow<'static, str>),
-    /// Current Knative's HTTP attributes.
-    Http(Box<HttpAttributes>),
+enum Series {
+    /// Classic Knative's, by route tag (empty for the app's series).
+    Classic(RequestMetrics, Cow<'static, str>),
+    /// Current Knative's, by the request's HTTP attributes.
+    Current(CurrentMetrics, Box<HttpAttributes>),
 }
 
 impl Settle for Measuring {
@@ -167,15 +169,12 @@ impl Drop for Measuring {
     fn drop(&mut self) {
         let status = self.outcome.status().unwrap_or(500);
         let elapsed = self.start.elapsed();
-        match (&self.metrics, &self.labels) {
-            (UserMetrics::Classic(m), Labels::RouteTag(tag)) => {
-                m.series(self.scope, status, tag).record(elapsed);
-            }
-            (UserMetrics::Current(m), Labels::Http(attributes)) => match self.scope {
+        match &self.series {
+            Series::Classic(m, tag) => m.series(self.scope, status, tag).record(elapsed),
+            Series::Current(m, attributes) => match self.scope {
                 Scope::Revision => m.record_server(attributes, status, self.size, elapsed),
                 Scope::App => m.record_app(attributes, status, elapsed),
             },
-            _ => {}
         }
     }
 }

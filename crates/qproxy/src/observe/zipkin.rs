@@ -9,12 +9,10 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 use opentelemetry::{Array, Value};
+use opentelemetry_http::HttpClient;
+use opentelemetry_http::hyper::HyperClient;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use serde_json::{Map, json};
@@ -22,7 +20,7 @@ use serde_json::{Map, json};
 /// Sends spans to a Zipkin collector.
 #[derive(Debug)]
 pub struct ZipkinExporter {
-    client: Client<HttpConnector, Full<bytes::Bytes>>,
+    client: HyperClient,
     endpoint: http::Uri,
     /// The local endpoint of every span: the pod.
     local: serde_json::Value,
@@ -44,7 +42,7 @@ impl ZipkinExporter {
             None => {}
         }
         Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: super::traces::http_client(),
             endpoint,
             local: local.into(),
         }
@@ -111,15 +109,15 @@ impl SpanExporter for ZipkinExporter {
             .method(Method::POST)
             .uri(self.endpoint.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(bytes::Bytes::from(body)))
+            .body(bytes::Bytes::from(body))
             .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
-        let res = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+        // The client's own timeout bounds the request.
+        let res = self
+            .client
+            .send_bytes(req)
             .await
-            .map_err(|_| OTelSdkError::Timeout(Duration::from_secs(5)))?
             .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
         let status = res.status();
-        // Read the answer so that the connection can be reused.
-        let _ = res.into_body().collect().await;
         if status.is_success() {
             Ok(())
         } else {
