@@ -98,7 +98,14 @@ impl QProxy {
 
     /// Starts qproxy with exactly `env` and waits until its ports are bound.
     pub fn start_env(env: &[(String, String)]) -> Self {
-        let mut qp = Self::spawn_env(env);
+        Self::start_command(Command::new(env!("CARGO_BIN_EXE_qproxy")), env)
+    }
+
+    /// Starts qproxy by `command` (another binary, or this one run through
+    /// a wrapper such as `chroot`), with exactly `env`, and waits until its
+    /// ports are bound.
+    pub fn start_command(command: Command, env: &[(String, String)]) -> Self {
+        let mut qp = Self::spawn_command(command, env);
         let vars = qproxy::config::Vars::from_pairs(env.iter().map(|(k, v)| (k, v)));
         let metrics_served =
             qproxy::Config::from_vars(&vars).is_ok_and(|c| c.observability.prometheus_metrics());
@@ -114,7 +121,11 @@ impl QProxy {
 
     /// Starts qproxy with exactly `env`, without waiting for anything.
     pub fn spawn_env(env: &[(String, String)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_qproxy"))
+        Self::spawn_command(Command::new(env!("CARGO_BIN_EXE_qproxy")), env)
+    }
+
+    fn spawn_command(mut command: Command, env: &[(String, String)]) -> Self {
+        let mut child = command
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Pack a static qproxy binary into a container image archive, no daemon needed.
+
+The archive is an OCI image layout in a tar (what `skopeo` calls
+`oci-archive:`) that also carries Docker's `manifest.json`, so `docker load`,
+`kind load image-archive`, `ctr images import` and `skopeo copy` all read it.
+
+The image has one layer: the binary at /qproxy and the /etc/passwd and
+/etc/group of deploy/rootfs (a `nonroot` user, 65532). It runs as 65532:65532,
+its entrypoint is /qproxy, and it declares qproxy's ports. Every timestamp is
+SOURCE_DATE_EPOCH (0 when unset), so the same binary gives the same bytes.
+
+Usage: oci_image.py --binary PATH --out ARCHIVE [--tag NAME:TAG] [--arch amd64]
+"""
+
+import argparse
+from datetime import datetime, timezone
+import gzip
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+
+USER = "65532:65532"
+ENTRYPOINT = ["/qproxy"]
+# The main handler (HTTP/1.1 and h2c), admin, autoscaler stats, user metrics
+# and the CPU profile, as in Knative's queue-proxy container spec.
+PORTS = [8012, 8013, 8022, 9090, 9091, 8008]
+ROOTFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rootfs")
+
+
+def tar_entry(name, data, mode, mtime):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = mode
+    info.mtime = mtime
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info, io.BytesIO(data)
+
+
+def tar_dir(name, mtime):
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    info.mtime = mtime
+    info.uname = info.gname = ""
+    return info
+
+
+def layer(binary, mtime):
+    """The root filesystem as an uncompressed tar, entries in a fixed order."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(tar_dir("etc", mtime))
+        for name in ("group", "passwd"):
+            with open(os.path.join(ROOTFS, "etc", name), "rb") as f:
+                tar.addfile(*tar_entry("etc/" + name, f.read(), 0o644, mtime))
+        with open(binary, "rb") as f:
+            tar.addfile(*tar_entry("qproxy", f.read(), 0o755, mtime))
+    return out.getvalue()
+
+
+def qualified(tag):
+    """The image name as containerd and the kubelet spell it: docker.io and
+    library/ made explicit, as Docker does when it writes an archive."""
+    first, _, rest = tag.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return tag
+    if not rest:
+        return "docker.io/library/" + tag
+    return "docker.io/" + tag
+
+
+def digest(data):
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def canonical(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def build(binary, tag, arch, version, mtime):
+    """Returns the archive's files, path -> bytes, in the order they are written."""
+    rootfs = layer(binary, mtime)
+    compressed = io.BytesIO()
+    with gzip.GzipFile(fileobj=compressed, mode="wb", mtime=0) as gz:
+        gz.write(rootfs)
+    compressed = compressed.getvalue()
+
+    created = datetime.fromtimestamp(mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    config = canonical(
+        {
+            "architecture": arch,
+            "os": "linux",
+            "created": created,
+            "config": {
+                "User": USER,
+                "Entrypoint": ENTRYPOINT,
+                "ExposedPorts": {f"{p}/tcp": {} for p in PORTS},
+                "WorkingDir": "/",
+                "Labels": {
+                    "org.opencontainers.image.title": "qproxy",
+                    "org.opencontainers.image.description": "A drop-in replacement for Knative Serving's queue-proxy",
+                    "org.opencontainers.image.version": version,
+                    "org.opencontainers.image.licenses": "Apache-2.0",
+                },
+            },
+            "rootfs": {"type": "layers", "diff_ids": [digest(rootfs)]},
+            "history": [{"created": created, "created_by": "deploy/build-image.sh"}],
+        }
+    )
+    manifest = canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": digest(config),
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": digest(compressed),
+                    "size": len(compressed),
+                }
+            ],
+        }
+    )
+    index = canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": digest(manifest),
+                    "size": len(manifest),
+                    "platform": {"architecture": arch, "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": qualified(tag),
+                        "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
+                    },
+                }
+            ],
+        }
+    )
+
+    def blob(data):
+        return "blobs/sha256/" + hashlib.sha256(data).hexdigest()
+
+    docker_manifest = canonical(
+        [{"Config": blob(config), "RepoTags": [tag], "Layers": [blob(compressed)]}]
+    )
+    return [
+        ("oci-layout", canonical({"imageLayoutVersion": "1.0.0"})),
+        ("index.json", index),
+        ("manifest.json", docker_manifest),
+        (blob(config), config),
+        (blob(manifest), manifest),
+        (blob(compressed), compressed),
+    ], len(compressed)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True, help="the static qproxy binary")
+    parser.add_argument("--out", required=True, help="the archive to write")
+    parser.add_argument("--tag", default="qproxy:latest", help="image name and tag")
+    parser.add_argument("--arch", default="amd64", help="OCI architecture name")
+    parser.add_argument("--version", default="", help="image version label")
+    args = parser.parse_args()
+
+    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    files, layer_size = build(args.binary, args.tag, args.arch, args.version, mtime)
+    tmp = args.out + ".tmp"
+    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(tar_dir("blobs", mtime))
+        tar.addfile(tar_dir("blobs/sha256", mtime))
+        for name, data in files:
+            tar.addfile(*tar_entry(name, data, 0o644, mtime))
+    os.replace(tmp, args.out)
+    print(f"{args.out}: {args.tag}, compressed layer {layer_size} bytes", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
