@@ -7,7 +7,7 @@
 //! - [`Stat`]: the protobuf message Knative's autoscaler decodes
 //!   (`stat.proto` in this crate), derived with prost.
 //! - [`Reporter`]: turns a window's [`Report`] into the latest [`Stat`],
-//!   ready to serve as protobuf (or as Prometheus gauges).
+//!   ready to serve as protobuf.
 //! - [`Clock`]: where times come from, so that tests can drive them.
 //!
 //! It knows nothing of HTTP servers: qproxy records the events and serves

@@ -1,6 +1,5 @@
 //! The reporter: one [`Stat`] per period, ready to serve.
 
-use std::fmt::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -75,60 +74,6 @@ impl Reporter {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
-
-    /// The latest stat as Prometheus gauges, each labelled with `labels`.
-    /// The names are those of Knative's former Prometheus stats reporter.
-    pub fn prometheus_text(&self, labels: &[(&str, &str)]) -> String {
-        let stat = &self.latest().stat;
-        let mut label_text = String::new();
-        for (i, (name, value)) in labels.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(label_text, "{sep}{name}=\"{}\"", escape(value));
-        }
-        let gauges = [
-            (
-                "queue_average_concurrent_requests",
-                "Number of requests currently being handled by this pod",
-                stat.average_concurrent_requests,
-            ),
-            (
-                "queue_average_proxied_concurrent_requests",
-                "Number of proxied requests currently being handled by this pod",
-                stat.average_proxied_concurrent_requests,
-            ),
-            (
-                "queue_requests_per_second",
-                "Number of requests received since last Stat",
-                stat.request_count,
-            ),
-            (
-                "queue_proxied_operations_per_second",
-                "Number of proxied requests received since last Stat",
-                stat.proxied_request_count,
-            ),
-            (
-                "process_uptime",
-                "The number of seconds that the process has been up",
-                stat.process_uptime,
-            ),
-        ];
-        let mut out = String::new();
-        for (name, help, value) in gauges {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label_text}}} {value}\n"
-            );
-        }
-        out
-    }
-}
-
-/// Escapes a label value for the Prometheus text format.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -159,22 +104,5 @@ mod tests {
         assert_eq!(stat.average_concurrent_requests, 3.0);
         assert_eq!(stat.process_uptime, 2.5);
         assert_eq!(stat.timestamp, 0);
-    }
-
-    #[test]
-    fn prometheus_text_has_every_gauge_labelled() {
-        let r = Reporter::new("p", 0, 1.0);
-        r.publish(
-            &Report {
-                average_concurrency: 2.5,
-                ..Report::default()
-            },
-            0,
-        );
-        let text = r.prometheus_text(&[("destination_pod", "p"), ("x", "a\"b")]);
-        assert!(text.contains(
-            "queue_average_concurrent_requests{destination_pod=\"p\",x=\"a\\\"b\"} 2.5\n"
-        ));
-        assert_eq!(text.matches("# TYPE ").count(), 5);
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use autoscaler_client::Reporter;
-use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::watch;
@@ -115,41 +115,20 @@ impl Admin {
 pub struct StatsEndpoint {
     /// The latest stat.
     pub reporter: Arc<Reporter>,
-    /// Labels of the Prometheus rendering: the revision and the pod.
-    pub labels: Arc<[(&'static str, String)]>,
 }
 
 impl StatsEndpoint {
-    /// Answers `req`: the latest `Stat` as protobuf (what Knative's
-    /// autoscaler asks for, and the default), or as Prometheus gauges when
-    /// the client asks for `text/plain` and not for protobuf.
+    /// Answers `req`: the latest `Stat` as protobuf, whatever the client
+    /// accepts, as Knative's queue-proxy answers (its handler still reads
+    /// "protobuf or prometheus, depending on the Accept header", but has
+    /// served protobuf alone since the Prometheus reporter was removed).
     pub fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
         if req.uri().path() != METRICS {
             return not_found();
         }
-        let asks_for = |media: &str| {
-            req.headers()
-                .get_all(ACCEPT)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .any(|v| v.contains(media))
-        };
-        let text = asks_for("text/plain") && !asks_for(PROTOBUF);
-        let (content_type, body) = if text {
-            let labels: Vec<_> = self.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            (
-                PROMETHEUS_TEXT,
-                Body::full(self.reporter.prometheus_text(&labels)),
-            )
-        } else {
-            (
-                PROTOBUF,
-                Body::full(self.reporter.latest().protobuf.clone()),
-            )
-        };
-        let mut res = Response::new(body);
+        let mut res = Response::new(Body::full(self.reporter.latest().protobuf.clone()));
         res.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            .insert(CONTENT_TYPE, HeaderValue::from_static(PROTOBUF));
         res
     }
 }

@@ -84,17 +84,6 @@ async fn report_every_period(
     }
 }
 
-/// The labels of the Prometheus rendering of the stats, as Knative's
-/// former Prometheus stats reporter had them.
-fn stats_labels(revision: &config::Revision) -> Vec<(&'static str, String)> {
-    vec![
-        ("destination_namespace", revision.namespace.clone()),
-        ("destination_configuration", revision.configuration.clone()),
-        ("destination_revision", revision.name.clone()),
-        ("destination_pod", revision.pod.clone()),
-    ]
-}
-
 /// A type-erased error, as hyper takes from bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -266,7 +255,6 @@ impl Server {
         ));
         let stats_endpoint = admin::StatsEndpoint {
             reporter: reporter.clone(),
-            labels: stats_labels(&config.revision).into(),
         };
         let graceful = Arc::new(GracefulShutdown::new());
         let (stop, stopped) = watch::channel(false);

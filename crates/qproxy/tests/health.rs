@@ -185,20 +185,16 @@ struct Gauges {
     uptime: f64,
 }
 
-/// The latest `Stat`, read as Prometheus text.
+/// The latest `Stat`.
 async fn stat_gauges(stats: SocketAddr) -> Gauges {
-    let res = h1(stats, get("/metrics", &[("Accept", "text/plain")])).await;
-    let body = text(res).await;
-    let gauge = |name: &str| -> f64 {
-        body.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {body}"))
-    };
+    use http_body_util::BodyExt;
+    use prost::Message;
+    let res = h1(stats, get("/metrics", &[])).await;
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let stat = autoscaler_client::Stat::decode(body).expect("a Stat");
     Gauges {
-        requests_per_second: gauge("queue_requests_per_second"),
-        uptime: gauge("process_uptime"),
+        requests_per_second: stat.request_count,
+        uptime: stat.process_uptime,
     }
 }
 
