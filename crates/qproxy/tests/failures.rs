@@ -108,17 +108,36 @@ async fn dropping_app(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_dropped_idempotent_request_is_sent_again() {
-    // The very first request the app sees is dropped without an answer.
-    let (port, seen) = dropping_app(|_, n| n == 1).await;
+async fn an_idempotent_request_dropped_on_a_reused_connection_is_sent_again() {
+    // The first request is answered, so its connection goes back to the
+    // pool; the second, sent on that connection, is dropped.
+    let (port, seen) = dropping_app(|_, n| n == 2).await;
     let qp = QProxy::start(port, &[]);
+    let res = h1(qp.main, get("/first", &[])).await;
+    assert_eq!(text(res).await, "ok");
     let res = h1(qp.main, get("/again", &[])).await;
     assert_eq!(res.status(), 200);
     assert_eq!(text(res).await, "ok");
     assert_eq!(
         *seen.lock().unwrap(),
-        ["GET /again HTTP/1.1", "GET /again HTTP/1.1"]
+        [
+            "GET /first HTTP/1.1",
+            "GET /again HTTP/1.1",
+            "GET /again HTTP/1.1"
+        ]
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_dropped_on_a_fresh_connection_is_not_sent_again() {
+    // As in Go's transport: the app has seen it on a connection dialled for
+    // it, so it is not a stale pooled connection's doing.
+    let (port, seen) = dropping_app(|_, n| n == 1).await;
+    let qp = QProxy::start(port, &[]);
+    let res = h1(qp.main, get("/once", &[])).await;
+    assert_eq!(res.status(), 502);
+    assert_eq!(text(res).await, "EOF\n");
+    assert_eq!(*seen.lock().unwrap(), ["GET /once HTTP/1.1"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,17 +5,21 @@
 //! Knative's transport does. A request without a body whose method is
 //! idempotent (or that carries an idempotency key) is sent once more on a
 //! new connection when the app drops a pooled one under it before
-//! answering, as Go's transport retries it. HTTP/2 requests go out as h2c
+//! answering, as Go's transport retries it; one that went out on a
+//! connection dialled for it is not (the app has seen it on a connection
+//! that was fresh, and Go does not retry then either). HTTP/2 requests go out as h2c
 //! (prior knowledge)
 //! over one shared, multiplexed connection, made on first use and remade
 //! when it closes.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::Authority;
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::client::legacy::Client;
@@ -36,8 +40,33 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 pub struct Upstream {
     addr: SocketAddr,
     authority: Authority,
-    http1: Client<HttpConnector, RequestBody>,
+    http1: Client<Dialer, RequestBody>,
+    /// Connections `http1` has dialled so far.
+    dialled: Arc<AtomicU64>,
     h2c: H2c,
+}
+
+/// The HTTP/1 connector, counting the connections it dials: a request that
+/// failed while none was dialled went out on a pooled one.
+#[derive(Debug, Clone)]
+struct Dialer {
+    inner: HttpConnector,
+    dialled: Arc<AtomicU64>,
+}
+
+impl tower::Service<Uri> for Dialer {
+    type Response = <HttpConnector as tower::Service<Uri>>::Response;
+    type Error = <HttpConnector as tower::Service<Uri>>::Error;
+    type Future = <HttpConnector as tower::Service<Uri>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        self.dialled.fetch_add(1, Ordering::Relaxed);
+        self.inner.call(uri)
+    }
 }
 
 impl Upstream {
@@ -45,6 +74,7 @@ impl Upstream {
     /// `max_idle` idle HTTP/1 connections.
     pub fn new(port: u16, max_idle: usize) -> Self {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let dialled = Arc::new(AtomicU64::new(0));
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_keepalive(Some(TCP_KEEPALIVE));
@@ -54,7 +84,10 @@ impl Upstream {
             .pool_max_idle_per_host(max_idle)
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
-            .build(connector);
+            .build(Dialer {
+                inner: connector,
+                dialled: dialled.clone(),
+            });
         // `127.0.0.1:<u16>` is always a valid authority.
         let authority = Authority::try_from(addr.to_string())
             .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
@@ -62,6 +95,7 @@ impl Upstream {
             addr,
             authority,
             http1,
+            dialled,
             h2c: H2c {
                 addr,
                 conn: Mutex::new(None),
@@ -87,12 +121,16 @@ impl Upstream {
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let again = replayable(&req).then(|| copy_bodyless(&req));
+        let dialled = self.dialled.load(Ordering::Relaxed);
         let err = match self.http1.request(req).await {
             Ok(res) => return Ok(res),
             Err(e) => UpstreamError::from_http1(e, self.addr),
         };
+        // Whether the request went out on a pooled connection: no dial
+        // happened meanwhile (under concurrent dials, it is not retried).
+        let pooled = self.dialled.load(Ordering::Relaxed) == dialled;
         match again {
-            Some(req) if err.is_dropped_connection() => {
+            Some(req) if pooled && err.is_dropped_connection() => {
                 tracing::debug!(error = %err, "the app dropped the connection; sending again");
                 self.http1
                     .request(req)
