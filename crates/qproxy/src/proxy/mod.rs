@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, BytesMut};
-use http::header::{CONTENT_TYPE, HOST, HeaderValue};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
-use http::{Request, Response, StatusCode, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use tower::Service;
 
@@ -86,6 +86,9 @@ impl Proxy {
         append_forwarded_for(headers, &self.client_ip);
 
         let h2 = req.version() == Version::HTTP_2;
+        if req.method() == Method::CONNECT && !h2 {
+            return self.connect(req).await;
+        }
         let deadline = req.extensions().get::<TunnelDeadline>().copied();
         let client_upgrade = match &hop.upgrade {
             Some(protocol) if !is_printable(protocol.as_bytes()) => {
@@ -124,6 +127,35 @@ impl Proxy {
         hop::prepare_response(res.headers_mut());
         // Go's server writes the standard reason phrase, whatever the app's.
         res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
+        Ok(res.map(Body::Upstream))
+    }
+
+    /// A `CONNECT`, as Go's reverse proxy passes it: to the app with the
+    /// client's target; a `2xx` answer makes the two connections one tunnel
+    /// (the app's bytes after its head included), anything else is an
+    /// ordinary response.
+    async fn connect(&self, mut req: Request<Incoming>) -> Result<Response<Body>, UpstreamError> {
+        let client = hyper::upgrade::on(&mut req);
+        let deadline = req.extensions().get::<TunnelDeadline>().copied();
+        let (mut parts, body) = req.into_parts();
+        if let Some(authority) = parts.uri.authority() {
+            let host = HeaderValue::try_from(authority.as_str())
+                .map_err(|_| UpstreamError::InvalidHost)?;
+            parts.headers.insert(HOST, host);
+        }
+        parts.version = Version::HTTP_11;
+        let req = Request::from_parts(parts, RequestBody::from_client(body));
+        let mut res = self.upstream.send_connect(req).await?;
+        hop::prepare_response(res.headers_mut());
+        res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
+        if res.status().is_success() {
+            // What follows the head is the tunnel's: no body framing.
+            res.headers_mut().remove(CONTENT_LENGTH);
+            res.headers_mut().remove(TRANSFER_ENCODING);
+            let tunnel = tunnel::spawn(client, hyper::upgrade::on(&mut res), deadline);
+            res.extensions_mut().insert(tunnel);
+            return Ok(res.map(|_| Body::empty()));
+        }
         Ok(res.map(Body::Upstream))
     }
 

@@ -141,6 +141,34 @@ impl Upstream {
         }
     }
 
+    /// Sends a `CONNECT` on a connection of its own, its authority-form
+    /// target as the client wrote it (the pool would put the app's address
+    /// there). A `2xx` answer leaves that connection to the tunnel.
+    pub async fn send_connect(
+        &self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let connect_error = |source| UpstreamError::Connect {
+            addr: self.addr,
+            source,
+        };
+        let tcp = TcpStream::connect(self.addr).await.map_err(connect_error)?;
+        tcp.set_nodelay(true).map_err(connect_error)?;
+        let local = tcp.local_addr().map_err(connect_error)?;
+        let hyper_error = |e: hyper::Error| UpstreamError::from_hyper(&e, Some(local), self.addr);
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .title_case_headers(true)
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(hyper_error)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "CONNECT connection to the user container ended");
+            }
+        });
+        sender.send_request(req).await.map_err(hyper_error)
+    }
+
     /// Sends an HTTP/2 request over h2c; its URI carries the `:authority`
     /// the app should see.
     pub async fn send_h2c(
