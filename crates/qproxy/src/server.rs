@@ -25,7 +25,7 @@ use tower::Service;
 
 /// Largest request head accepted on HTTP/1 (Go's `DefaultMaxHeaderBytes`
 /// plus the slack Go's server allows).
-const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
+pub(crate) const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
 /// Concurrent streams per HTTP/2 connection (Go's default).

@@ -8,7 +8,12 @@
 //! - a single `Host` holding a byte Go does not accept in a host is `400`
 //!   `Bad Request: malformed Host header`;
 //! - `OPTIONS *` is answered by the server itself, `200` with an empty
-//!   body, and never reaches the app.
+//!   body, and never reaches the app;
+//! - a request head longer than Go reads (1 MiB and 4 KiB, request line
+//!   included) is `431` `Request Header Fields Too Large`, and the
+//!   connection is closed. (hyper's own limit is the same, but it checks
+//!   it only as its buffer grows, so a head a little over it can get
+//!   through.)
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +27,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::body::Body;
+use crate::server::MAX_HEADER_BYTES;
 
 /// Adds [`ServerRules`] to a stack.
 #[derive(Debug, Clone, Copy, Default)]
@@ -102,6 +108,12 @@ pub fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
     if req.method() == Method::OPTIONS && req.uri() == "*" {
         return Some(Response::new(Body::empty()));
     }
+    if head_len(req) > MAX_HEADER_BYTES {
+        return Some(go_error(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "Request Header Fields Too Large",
+        ));
+    }
     let mut hosts = req.headers().get_all(HOST).iter();
     match (hosts.next(), hosts.next()) {
         (None, _) if req.version() == Version::HTTP_11 && req.method() != Method::CONNECT => {
@@ -120,20 +132,41 @@ fn valid_host_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!$%&()*+,-.:;=[]'_~".contains(&b)
 }
 
+/// The length of `req`'s head as the client wrote it, near enough: the
+/// request line and one `Name: value` line per field.
+fn head_len<B>(req: &Request<B>) -> usize {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().to_string().len(), |p| p.as_str().len());
+    let line = req.method().as_str().len() + target + "  HTTP/1.1\r\n".len();
+    req.headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + ": \r\n".len())
+        .sum::<usize>()
+        + line
+        + "\r\n".len()
+}
+
 /// Go's reply to a request it cannot serve: the reason in the status line
 /// and the body, and the connection closed.
 fn bad_request(reason: &'static str) -> Response<Body> {
-    let text = format!("400 Bad Request: {reason}");
+    go_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {reason}"))
+}
+
+/// Go's server's own error reply: `<code> <reason>` as the status line's
+/// reason and as the body, and the connection closed.
+fn go_error(status: StatusCode, reason: &str) -> Response<Body> {
+    let text = format!("{} {reason}", status.as_u16());
     let mut res = Response::new(Body::full(text));
-    *res.status_mut() = StatusCode::BAD_REQUEST;
+    *res.status_mut() = status;
     let headers = res.headers_mut();
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    let phrase = format!("Bad Request: {reason}");
-    if let Ok(phrase) = ReasonPhrase::try_from(phrase.into_bytes()) {
+    if let Ok(phrase) = ReasonPhrase::try_from(reason.as_bytes().to_vec()) {
         res.extensions_mut().insert(phrase);
     }
     res
@@ -188,6 +221,28 @@ mod tests {
         assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &[])).is_none());
         assert!(answer(&req(Method::GET, "/", Version::HTTP_10, &["a b"])).is_some());
         assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &["a b"])).is_some());
+    }
+
+    #[test]
+    fn a_head_longer_than_go_reads_is_431_and_closes() {
+        let fits = "a".repeat(MAX_HEADER_BYTES - 100);
+        let over = "a".repeat(MAX_HEADER_BYTES);
+        let with = |value: &str| {
+            Request::builder()
+                .uri("/")
+                .header(HOST, "h")
+                .header("x-big", value)
+                .body(())
+                .unwrap()
+        };
+        assert!(answer(&with(&fits)).is_none());
+        let res = answer(&with(&over)).expect("refused");
+        assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(res.headers()[CONNECTION], "close");
+        assert_eq!(
+            res.extensions().get::<ReasonPhrase>().map(|p| p.as_bytes()),
+            Some(&b"Request Header Fields Too Large"[..])
+        );
     }
 
     #[test]
