@@ -1,0 +1,496 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"golang.org/x/net/http2"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+var ports = map[string]int{"": 8012, "main": 8012, "admin": 8022, "stats": 9090, "metrics": 9091}
+
+// Headers a client or app sees that differ run to run whoever answers:
+// recorded as present, not by value.
+var volatile = map[string]bool{"Date": true, "Sec-Websocket-Key": true, "Sec-Websocket-Accept": true}
+
+// timing classes a duration: "immediate" under 300 ms, else whole seconds
+// (to the nearest five from 5 s on).
+func timing(d time.Duration) string {
+	if d < 300*time.Millisecond {
+		return "immediate"
+	}
+	if d >= 5*time.Second {
+		return fmt.Sprintf("~%ds", int(math.Round(d.Seconds()/5))*5)
+	}
+	return fmt.Sprintf("~%ds", int(math.Round(d.Seconds())))
+}
+
+// exchange is the outcome of one request, as fields.
+type exchange map[string]string
+
+func (e exchange) into(prefix string, obs *Observation) {
+	keys := make([]string, 0, len(e))
+	for k := range e {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		obs.Set(prefix+k, e[k])
+	}
+}
+
+// errClass names an I/O error the way a client would tell it apart.
+func errClass(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "closed"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return "reset"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, http.ErrHandlerTimeout):
+		return "timeout"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timeout"
+	}
+	var se http2.StreamError
+	if errors.As(err, &se) {
+		return "stream-reset " + se.Code.String()
+	}
+	var ge http2.GoAwayError
+	if errors.As(err, &ge) {
+		return "goaway " + ge.ErrCode.String()
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "stream error") {
+		return "stream-reset"
+	}
+	if strings.Contains(msg, "malformed") || strings.Contains(msg, "unexpected EOF") {
+		return "closed"
+	}
+	return "error: " + msg
+}
+
+func headerFields(prefix string, h http.Header, e exchange) {
+	for name, values := range h {
+		if volatile[name] {
+			e[prefix+name] = "(present)"
+			continue
+		}
+		e[prefix+name] = strings.Join(values, " | ")
+	}
+}
+
+var (
+	repeatRef = regexp.MustCompile(`\{\{(.)\*(\d+)\}\}`)
+	hexRef    = regexp.MustCompile(`\\x([0-9a-fA-F]{2})`)
+)
+
+// expand turns a scenario's string into the bytes to send: {{c*N}} is N
+// times c, \xNN is the byte NN.
+func expand(s string) string {
+	s = repeatRef.ReplaceAllStringFunc(s, func(m string) string {
+		parts := repeatRef.FindStringSubmatch(m)
+		n, _ := strconv.Atoi(parts[2])
+		return strings.Repeat(parts[1], n)
+	})
+	return hexRef.ReplaceAllStringFunc(s, func(m string) string {
+		b, _ := strconv.ParseUint(m[2:], 16, 8)
+		return string([]byte{byte(b)})
+	})
+}
+
+// rawRequest spells a request out as HTTP/1.1 bytes.
+func rawRequest(r *Request) []byte {
+	method := r.Method
+	if method == "" {
+		method = "GET"
+	}
+	path := r.Path
+	if path == "" {
+		path = "/"
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\n", method, expand(path))
+	hasHost := false
+	for _, h := range r.Headers {
+		if strings.EqualFold(h[0], "Host") {
+			hasHost = true
+		}
+	}
+	if !hasHost {
+		b.WriteString("Host: example.com\r\n")
+	}
+	for _, h := range r.Headers {
+		fmt.Fprintf(&b, "%s: %s\r\n", h[0], expand(h[1]))
+	}
+	if r.Body != "" {
+		fmt.Fprintf(&b, "Content-Length: %d\r\n", len(r.Body))
+	}
+	b.WriteString("\r\n")
+	b.WriteString(r.Body)
+	return b.Bytes()
+}
+
+// do runs one request and returns its fields.
+func do(r *Request) exchange {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e := doOnce(r)
+		if r.Until == 0 || e["status"] == strconv.Itoa(r.Until) || time.Now().After(deadline) {
+			return e
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func doOnce(r *Request) exchange {
+	switch r.Proto {
+	case "", "h1":
+		return doH1(r)
+	case "h2c":
+		return doH2(r)
+	case "raw":
+		return doRaw(r)
+	}
+	return exchange{"error": "unknown proto " + r.Proto}
+}
+
+func dial(port string) (net.Conn, error) {
+	return net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[port]), 2*time.Second)
+}
+
+func doH1(r *Request) exchange {
+	e := exchange{}
+	start := time.Now()
+	conn, err := dial(r.Port)
+	if err != nil {
+		e["conn"] = errClass(err)
+		return e
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := conn.Write(rawRequest(r)); err != nil {
+		e["write"] = errClass(err)
+	}
+	br := bufio.NewReader(conn)
+	method := r.Method
+	if method == "" {
+		method = "GET"
+	}
+	res, err := http.ReadResponse(br, &http.Request{Method: method})
+	if err != nil {
+		e["response"] = errClass(err)
+		e["timing"] = timing(time.Since(start))
+		return e
+	}
+	e["status"] = strconv.Itoa(res.StatusCode)
+	e["proto"] = res.Proto
+	headerFields("header.", res.Header, e)
+	if res.TransferEncoding != nil {
+		e["transfer-encoding"] = strings.Join(res.TransferEncoding, ",")
+	}
+	body, err := io.ReadAll(res.Body)
+	e["body"] = printable(body)
+	e["body.end"] = errClass(err)
+	headerFields("trailer.", res.Trailer, e)
+	e["timing"] = timing(time.Since(start))
+	if err != nil || r.NoReuse {
+		return e
+	}
+	if res.Close {
+		// The response said the connection ends: see that it does.
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := br.ReadByte()
+		e["connection"] = errClass(err)
+		return e
+	}
+	// What became of the connection: a second request on it tells kept
+	// alive from closed or reset without waiting on a clock.
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte("GET /__ping HTTP/1.1\r\nHost: example.com\r\n\r\n")); err != nil {
+		e["connection"] = errClass(err)
+		return e
+	}
+	ping, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil {
+		e["connection"] = errClass(err)
+		return e
+	}
+	io.Copy(io.Discard, ping.Body)
+	ping.Body.Close()
+	e["connection"] = "kept-alive"
+	return e
+}
+
+var dateLine = regexp.MustCompile(`(?m)^Date: [^\r\n]*\r\n`)
+
+func doRaw(r *Request) exchange {
+	e := exchange{}
+	start := time.Now()
+	conn, err := dial(r.Port)
+	if err != nil {
+		e["conn"] = errClass(err)
+		return e
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(3 * time.Second))
+	// Lines of a raw request end in CRLF, as HTTP wants.
+	raw := expand(strings.ReplaceAll(r.Raw, "\n", "\r\n"))
+	if _, err := conn.Write([]byte(raw)); err != nil {
+		e["write"] = errClass(err)
+	}
+	got, err := io.ReadAll(conn)
+	e["bytes"] = printable(sortHeads(dateLine.ReplaceAll(got, nil)))
+	e["end"] = errClass(err)
+	e["timing"] = timing(time.Since(start))
+	return e
+}
+
+// sortHeads puts the header lines of every response head in got in name
+// order: HTTP gives the order of different fields no meaning (RFC 9110,
+// 5.3), and Go and hyper write them in different orders.
+func sortHeads(got []byte) []byte {
+	var out []byte
+	rest := got
+	for len(rest) > 0 {
+		if !bytes.HasPrefix(rest, []byte("HTTP/")) {
+			return append(out, rest...)
+		}
+		end := bytes.Index(rest, []byte("\r\n\r\n"))
+		if end < 0 {
+			return append(out, rest...)
+		}
+		lines := strings.Split(string(rest[:end]), "\r\n")
+		sort.SliceStable(lines[1:], func(i, j int) bool {
+			return strings.ToLower(lines[1+i]) < strings.ToLower(lines[1+j])
+		})
+		out = append(out, strings.Join(lines, "\r\n")...)
+		out = append(out, "\r\n\r\n"...)
+		rest = rest[end+4:]
+		// A body follows a final head; only a 1xx head is followed by
+		// another head.
+		if len(lines[0]) < 10 || lines[0][9] != '1' {
+			return append(out, rest...)
+		}
+	}
+	return out
+}
+
+func doH2(r *Request) exchange {
+	e := exchange{}
+	start := time.Now()
+	tr := &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	}
+	defer tr.CloseIdleConnections()
+	method := r.Method
+	if method == "" {
+		method = "GET"
+	}
+	path := r.Path
+	if path == "" {
+		path = "/"
+	}
+	var body io.Reader
+	if r.Body != "" {
+		body = strings.NewReader(r.Body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, fmt.Sprintf("http://127.0.0.1:%d%s", ports[r.Port], path), body)
+	if err != nil {
+		e["request"] = err.Error()
+		return e
+	}
+	req.Host = "example.com"
+	for _, h := range r.Headers {
+		if strings.EqualFold(h[0], "Host") {
+			req.Host = h[1]
+			continue
+		}
+		req.Header.Add(h[0], h[1])
+	}
+	res, err := tr.RoundTrip(req)
+	if err != nil {
+		e["response"] = errClass(err)
+		e["timing"] = timing(time.Since(start))
+		return e
+	}
+	e["status"] = strconv.Itoa(res.StatusCode)
+	e["proto"] = res.Proto
+	headerFields("header.", res.Header, e)
+	data, err := io.ReadAll(res.Body)
+	e["body"] = printable(data)
+	e["body.end"] = errClass(err)
+	headerFields("trailer.", res.Trailer, e)
+	e["timing"] = timing(time.Since(start))
+	return e
+}
+
+// printable keeps a body readable in the report: long ones by length and a
+// prefix.
+func printable(b []byte) string {
+	s := strconv.Quote(string(b))
+	if len(s) > 200 {
+		return fmt.Sprintf("%d bytes %s…", len(b), s[:120])
+	}
+	return s
+}
+
+func doWebSocket(path string) exchange {
+	e := exchange{}
+	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
+	conn, res, err := d.Dial(fmt.Sprintf("ws://127.0.0.1:8012%s", path), http.Header{"Host": {"example.com"}})
+	if res != nil {
+		e["status"] = strconv.Itoa(res.StatusCode)
+		headerFields("header.", res.Header, e)
+	}
+	if err != nil {
+		e["dial"] = errClass(err)
+		return e
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	for _, msg := range []string{"one", "two"} {
+		if err := conn.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+			e["write"] = errClass(err)
+			return e
+		}
+		_, got, err := conn.ReadMessage()
+		if err != nil {
+			e["read"] = errClass(err)
+			return e
+		}
+		e["echo."+msg] = string(got)
+	}
+	err = conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"))
+	e["close"] = errClass(err)
+	_, _, err = conn.ReadMessage()
+	if ce, ok := err.(*websocket.CloseError); ok {
+		e["closed-with"] = strconv.Itoa(ce.Code)
+	} else {
+		e["closed-with"] = errClass(err)
+	}
+	return e
+}
+
+// statFields reads the autoscaler's Stat, waiting (up to 3 s) for a report
+// that counted a request.
+func statFields() exchange {
+	e := exchange{}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		req, _ := http.NewRequest("GET", "http://127.0.0.1:9090/metrics", nil)
+		req.Header.Set("Accept", "application/protobuf")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			e["error"] = errClass(err)
+			return e
+		}
+		data, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		e["status"] = strconv.Itoa(res.StatusCode)
+		e["header.Content-Type"] = res.Header.Get("Content-Type")
+		stat := decodeStat(data)
+		if stat["request_count"] != "0" || time.Now().After(deadline) {
+			for k, v := range stat {
+				e[k] = v
+			}
+			return e
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// decodeStat reads Knative's Stat message. Figures that depend on where
+// the one-second windows fell are recorded as zero or not.
+func decodeStat(b []byte) map[string]string {
+	out := map[string]string{"pod_name": "", "request_count": "0", "average_concurrent_requests": "0",
+		"proxied_request_count": "0", "average_proxied_concurrent_requests": "0", "process_uptime": "0"}
+	names := map[protowire.Number]string{2: "average_concurrent_requests", 3: "average_proxied_concurrent_requests",
+		4: "request_count", 5: "proxied_request_count", 6: "process_uptime"}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			out["decode"] = "bad tag"
+			return out
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			out["pod_name"] = string(v)
+			b = b[n:]
+		case typ == protowire.Fixed64Type:
+			v, n := protowire.ConsumeFixed64(b)
+			if name, ok := names[num]; ok && math.Float64frombits(v) != 0 {
+				out[name] = "non-zero"
+			}
+			b = b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				out["decode"] = "bad field"
+				return out
+			}
+			out[fmt.Sprintf("field%d", num)] = "present"
+			b = b[n:]
+		}
+	}
+	return out
+}
+
+// metricsFields reads :9091/metrics: every sample but latency buckets and
+// sums (which depend on timing), with its value.
+func metricsFields() exchange {
+	e := exchange{}
+	res, err := http.Get("http://127.0.0.1:9091/metrics")
+	if err != nil {
+		e["error"] = errClass(err)
+		return e
+	}
+	data, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	e["status"] = strconv.Itoa(res.StatusCode)
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, _ := strings.Cut(line, " ")
+		metric := name
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			metric = name[:i]
+		}
+		if strings.HasSuffix(metric, "_bucket") || strings.HasSuffix(metric, "_sum") {
+			continue
+		}
+		e["sample."+name] = value
+	}
+	return e
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Scenario is one file of scenarios/: an environment, an app, and steps.
+type Scenario struct {
+	Name        string            `yaml:"-"`
+	Description string            `yaml:"description"`
+	Env         map[string]string `yaml:"env"`
+	App         AppConfig         `yaml:"app"`
+	Steps       []Step            `yaml:"steps"`
+}
+
+// Step is one thing the runner does. Exactly one of its actions is set.
+type Step struct {
+	// Name labels the step's fields in the report (default: step<N>).
+	Name string `yaml:"name"`
+
+	// Request sends one request and records the response, what the app got,
+	// the timing class and what became of the connection.
+	Request *Request `yaml:"request"`
+	// Parallel sends these requests at once, each on its own connection,
+	// and records the multiset of outcomes (order of arrival is not
+	// observable).
+	Parallel []Request `yaml:"parallel"`
+	// Start sends a request in the background; Await collects it.
+	Start *Request `yaml:"start"`
+	Await string   `yaml:"await"`
+	// Signal sends a signal (TERM, INT) to the proxy.
+	Signal string `yaml:"signal"`
+	// Exit waits for the proxy to exit and records its status and how long
+	// after the last signal it exited.
+	Exit bool `yaml:"exit"`
+	// Stats reads the autoscaler's Stat from :9090 once a report with a
+	// request in it is out (or 3 s have passed).
+	Stats bool `yaml:"stats"`
+	// Metrics reads :9091/metrics.
+	Metrics bool `yaml:"metrics"`
+	// WebSocket opens a WebSocket to path, echoes a message and closes.
+	WebSocket string `yaml:"websocket"`
+}
+
+// Request is one HTTP exchange.
+type Request struct {
+	// Port: main (default), admin, stats or metrics.
+	Port string `yaml:"port"`
+	// Proto: h1 (default), h2c, or raw (Raw written as is; the answer read
+	// until the connection closes or 3 s pass).
+	Proto   string     `yaml:"proto"`
+	Method  string     `yaml:"method"`
+	Path    string     `yaml:"path"`
+	Headers [][]string `yaml:"headers"`
+	Body    string     `yaml:"body"`
+	Raw     string     `yaml:"raw"`
+	// Until repeats the request (up to 5 s) until it answers this status.
+	Until int `yaml:"until"`
+	// NoReuse skips the keep-alive check after the response.
+	NoReuse bool `yaml:"no_reuse"`
+	// As names a started request for Await.
+	As string `yaml:"as"`
+}
+
+// LoadScenarios reads every *.yaml of dir, in name order.
+func LoadScenarios(dir string) ([]Scenario, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	var out []Scenario
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var sc Scenario
+		dec := yaml.NewDecoder(strings.NewReader(string(data)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&sc); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		sc.Name = strings.TrimSuffix(filepath.Base(f), ".yaml")
+		if len(sc.Steps) == 0 {
+			return nil, fmt.Errorf("%s: no steps", f)
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}
+
+// Observation is every field a run recorded, by name.
+type Observation struct {
+	fields map[string]string
+	order  []string
+}
+
+func NewObservation() *Observation { return &Observation{fields: map[string]string{}} }
+
+func (o *Observation) Set(name, value string) {
+	if _, ok := o.fields[name]; !ok {
+		o.order = append(o.order, name)
+	}
+	o.fields[name] = value
+}
+
+// Expected is one reviewed, explained difference.
+type Expected struct {
+	Scenario string `yaml:"scenario"`
+	// Field is a path.Match pattern over field names.
+	Field  string `yaml:"field"`
+	Reason string `yaml:"reason"`
+	used   bool
+}
+
+func LoadExpected(file string) ([]*Expected, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Expected
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&out); err != nil && err.Error() != "EOF" {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	for _, e := range out {
+		if e.Scenario == "" || e.Field == "" || strings.TrimSpace(e.Reason) == "" {
+			return nil, fmt.Errorf("%s: every entry needs a scenario, a field and a reason", file)
+		}
+	}
+	return out, nil
+}
