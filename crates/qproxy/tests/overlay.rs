@@ -400,6 +400,19 @@ app search  default /search
 app cart    shop    /shop/cart      # nested prefix
 ";
 
+/// A scratch folder holding the generator's output for [`TWO_APPS`].
+fn generated_two_apps(name: &str) -> PathBuf {
+    let dir = scratch(name);
+    write(&dir.join("apps.conf"), TWO_APPS);
+    let out = generate(&dir.join("apps.conf"), &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
 /// Renders one generated flavour through a kustomization that includes it.
 fn render_flavour(dir: &Path, flavour: &str) -> Vec<Value> {
     let user = dir.join(format!("user-{flavour}"));
@@ -413,14 +426,7 @@ fn render_flavour(dir: &Path, flavour: &str) -> Vec<Value> {
 
 #[test]
 fn path_routing_for_two_apps_yields_one_gateway_api_route_each() {
-    let dir = scratch("path-routing-gateway-api");
-    write(&dir.join("apps.conf"), TWO_APPS);
-    let out = generate(&dir.join("apps.conf"), &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dir = generated_two_apps("path-routing-gateway-api");
     let rendered = render_flavour(&dir, "gateway-api");
     assert_eq!(rendered.len(), 3, "{rendered:#?}");
 
@@ -468,14 +474,7 @@ fn path_routing_for_two_apps_yields_one_gateway_api_route_each() {
 
 #[test]
 fn path_routing_for_two_apps_yields_one_istio_route_each_longest_prefix_first() {
-    let dir = scratch("path-routing-istio");
-    write(&dir.join("apps.conf"), TWO_APPS);
-    let out = generate(&dir.join("apps.conf"), &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dir = generated_two_apps("path-routing-istio");
     let rendered = render_flavour(&dir, "istio");
     assert_eq!(rendered.len(), 1, "{rendered:#?}");
 

@@ -148,13 +148,7 @@ impl Upstream {
         &self,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let connect_error = |source| UpstreamError::Connect {
-            addr: self.addr,
-            source,
-        };
-        let tcp = TcpStream::connect(self.addr).await.map_err(connect_error)?;
-        tcp.set_nodelay(true).map_err(connect_error)?;
-        let local = tcp.local_addr().map_err(connect_error)?;
+        let (tcp, local) = dial(self.addr).await?;
         let hyper_error = |e: hyper::Error| UpstreamError::from_hyper(&e, Some(local), self.addr);
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
             .title_case_headers(true)
@@ -188,6 +182,15 @@ fn replayable(req: &Request<RequestBody>) -> bool {
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
         ) || req.headers().contains_key("idempotency-key")
             || req.headers().contains_key("x-idempotency-key"))
+}
+
+/// A connection of its own to the app (no delay), and its local address.
+async fn dial(addr: SocketAddr) -> Result<(TcpStream, SocketAddr), UpstreamError> {
+    let connect_error = |source| UpstreamError::Connect { addr, source };
+    let tcp = TcpStream::connect(addr).await.map_err(connect_error)?;
+    tcp.set_nodelay(true).map_err(connect_error)?;
+    let local = tcp.local_addr().map_err(connect_error)?;
+    Ok((tcp, local))
 }
 
 /// A copy of a request that has no body.
@@ -247,13 +250,7 @@ impl H2c {
     }
 
     async fn connect(&self) -> Result<Live, UpstreamError> {
-        let connect_error = |source| UpstreamError::Connect {
-            addr: self.addr,
-            source,
-        };
-        let tcp = TcpStream::connect(self.addr).await.map_err(connect_error)?;
-        tcp.set_nodelay(true).map_err(connect_error)?;
-        let local = tcp.local_addr().map_err(connect_error)?;
+        let (tcp, local) = dial(self.addr).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(TokioIo::new(tcp))
