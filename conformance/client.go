@@ -176,23 +176,30 @@ func doOnce(r *Request) exchange {
 	return exchange{"error": "unknown proto " + r.Proto}
 }
 
-func dial(port string) (net.Conn, error) {
-	return net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[port]), 2*time.Second)
+// send opens a connection to port, with deadline for all of its I/O, and
+// writes request on it. A connection that fails to open is nil, with the
+// failure in e.
+func send(port string, request []byte, deadline time.Duration, e exchange) net.Conn {
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[port]), 2*time.Second)
+	if err != nil {
+		e["conn"] = errClass(err)
+		return nil
+	}
+	conn.SetDeadline(time.Now().Add(deadline))
+	if _, err := conn.Write(request); err != nil {
+		e["write"] = errClass(err)
+	}
+	return conn
 }
 
 func doH1(r *Request) exchange {
 	e := exchange{}
 	start := time.Now()
-	conn, err := dial(r.Port)
-	if err != nil {
-		e["conn"] = errClass(err)
+	conn := send(r.Port, rawRequest(r), 20*time.Second, e)
+	if conn == nil {
 		return e
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := conn.Write(rawRequest(r)); err != nil {
-		e["write"] = errClass(err)
-	}
 	br := bufio.NewReader(conn)
 	method := r.Method
 	if method == "" {
@@ -248,18 +255,13 @@ var dateLine = regexp.MustCompile(`(?m)^Date: [^\r\n]*\r\n`)
 func doRaw(r *Request) exchange {
 	e := exchange{}
 	start := time.Now()
-	conn, err := dial(r.Port)
-	if err != nil {
-		e["conn"] = errClass(err)
+	// Lines of a raw request end in CRLF, as HTTP wants.
+	raw := expand(strings.ReplaceAll(r.Raw, "\n", "\r\n"))
+	conn := send(r.Port, []byte(raw), 3*time.Second, e)
+	if conn == nil {
 		return e
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(3 * time.Second))
-	// Lines of a raw request end in CRLF, as HTTP wants.
-	raw := expand(strings.ReplaceAll(r.Raw, "\n", "\r\n"))
-	if _, err := conn.Write([]byte(raw)); err != nil {
-		e["write"] = errClass(err)
-	}
 	got, err := io.ReadAll(conn)
 	e["bytes"] = printable(sortHeads(dateLine.ReplaceAll(got, nil)))
 	e["end"] = errClass(err)

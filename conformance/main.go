@@ -4,6 +4,9 @@
 // expected.yaml, with its reason, makes it exit 1.
 //
 //	go run . -qproxy ../target/debug/qproxy -oracle ../target/oracle/queue-v0.42.2
+//
+// The oracle is built from the Go module proxy (tests/oracle/build.sh) when
+// it is not there yet.
 package main
 
 import (
@@ -75,6 +78,15 @@ func main() {
 	only := flag.String("only", "", "run the scenarios whose name contains this")
 	flag.Parse()
 
+	if _, err := os.Stat(*oracleBin); os.IsNotExist(err) {
+		// Knative's queue-proxy, built from the Go module proxy.
+		build := exec.Command("../tests/oracle/build.sh", *oracleBin)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance: building the Go queue-proxy:", err)
+			os.Exit(2)
+		}
+	}
 	scenarios, err := LoadScenarios(*dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
