@@ -20,7 +20,7 @@ import (
 type AppConfig struct {
 	// Down: nothing listens on the user port.
 	Down bool `yaml:"down"`
-	// ListenAfterMs: the port opens this long after the proxy starts.
+	// ListenAfterMs: the port opens this long after the proxy is up.
 	ListenAfterMs int `yaml:"listen_after_ms"`
 }
 
@@ -40,6 +40,7 @@ type App struct {
 	listener net.Listener
 	server   *http.Server
 	Port     int
+	begin    func()
 
 	mu   sync.Mutex
 	seen []Seen
@@ -79,10 +80,19 @@ func StartApp(cfg AppConfig) (*App, error) {
 		return nil
 	}
 	if cfg.ListenAfterMs > 0 {
-		time.AfterFunc(time.Duration(cfg.ListenAfterMs)*time.Millisecond, func() { _ = listen() })
+		delay := time.Duration(cfg.ListenAfterMs) * time.Millisecond
+		app.begin = func() { time.AfterFunc(delay, func() { _ = listen() }) }
 		return app, nil
 	}
 	return app, listen()
+}
+
+// Begin starts the clock of an app that listens late; the runner calls it
+// once the proxy is up, so that the delay is the same for every proxy.
+func (a *App) Begin() {
+	if a.begin != nil {
+		a.begin()
+	}
 }
 
 // Stop closes the app's listener and connections.

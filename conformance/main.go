@@ -268,6 +268,7 @@ func play(sc Scenario, p proxy, logs string) *Observation {
 		obs.Set("start", "did not listen")
 		return obs
 	}
+	app.Begin()
 
 	started := map[string]chan exchange{}
 	var lastSignal time.Time
