@@ -120,16 +120,21 @@ func expand(s string) string {
 	})
 }
 
-// rawRequest spells a request out as HTTP/1.1 bytes.
-func rawRequest(r *Request) []byte {
-	method := r.Method
+// line is the request's method and path, GET and / unless set.
+func (r *Request) line() (method, path string) {
+	method, path = r.Method, r.Path
 	if method == "" {
 		method = "GET"
 	}
-	path := r.Path
 	if path == "" {
 		path = "/"
 	}
+	return method, path
+}
+
+// rawRequest spells a request out as HTTP/1.1 bytes.
+func rawRequest(r *Request) []byte {
+	method, path := r.line()
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\n", method, expand(path))
 	hasHost := false
@@ -201,10 +206,7 @@ func doH1(r *Request) exchange {
 	}
 	defer conn.Close()
 	br := bufio.NewReader(conn)
-	method := r.Method
-	if method == "" {
-		method = "GET"
-	}
+	method, _ := r.line()
 	res, err := http.ReadResponse(br, &http.Request{Method: method})
 	if err != nil {
 		e["response"] = errClass(err)
@@ -310,14 +312,7 @@ func doH2(r *Request) exchange {
 		},
 	}
 	defer tr.CloseIdleConnections()
-	method := r.Method
-	if method == "" {
-		method = "GET"
-	}
-	path := r.Path
-	if path == "" {
-		path = "/"
-	}
+	method, path := r.line()
 	var body io.Reader
 	if r.Body != "" {
 		body = strings.NewReader(r.Body)
