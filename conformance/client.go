@@ -213,18 +213,10 @@ func doH1(r *Request) exchange {
 		e["timing"] = timing(time.Since(start))
 		return e
 	}
-	e["status"] = strconv.Itoa(res.StatusCode)
-	e["proto"] = res.Proto
-	headerFields("header.", res.Header, e)
 	if res.TransferEncoding != nil {
 		e["transfer-encoding"] = strings.Join(res.TransferEncoding, ",")
 	}
-	body, err := io.ReadAll(res.Body)
-	e["body"] = printable(body)
-	e["body.end"] = errClass(err)
-	headerFields("trailer.", res.Trailer, e)
-	e["timing"] = timing(time.Since(start))
-	if err != nil || r.NoReuse {
+	if err := record(res, start, e); err != nil || r.NoReuse {
 		return e
 	}
 	if res.Close {
@@ -338,15 +330,23 @@ func doH2(r *Request) exchange {
 		e["timing"] = timing(time.Since(start))
 		return e
 	}
+	record(res, start, e)
+	return e
+}
+
+// record reads res to its end and puts what a client sees of it into e:
+// status, protocol, header fields, body, trailers and the timing class from
+// start. It returns the error that ended the body, if any.
+func record(res *http.Response, start time.Time, e exchange) error {
 	e["status"] = strconv.Itoa(res.StatusCode)
 	e["proto"] = res.Proto
 	headerFields("header.", res.Header, e)
-	data, err := io.ReadAll(res.Body)
-	e["body"] = printable(data)
+	body, err := io.ReadAll(res.Body)
+	e["body"] = printable(body)
 	e["body.end"] = errClass(err)
 	headerFields("trailer.", res.Trailer, e)
 	e["timing"] = timing(time.Since(start))
-	return e
+	return err
 }
 
 // printable keeps a body readable in the report: long ones by length and a
