@@ -1,28 +1,5 @@
-//! Request statistics: Knative's `RequestStats`, recorded without a lock.
-//!
-//! Knative's `RequestStats` keeps, under one mutex, the requests in flight
-//! and the integral of that count over time: every event first adds
-//! `concurrency × seconds since the last event`, then moves the count. A
-//! report divides the integral by the seconds it covers and starts a new
-//! window. Every request takes that mutex twice.
-//!
-//! Here the integral is linear, so it can be split: each thread that
-//! records gets a shard of its own, which only it writes, and which holds
-//! the same state as Knative's (in flight, time of the last change, the
-//! integral since the start, and the requests counted). A request that
-//! arrives on one thread and leaves on another leaves `+1` in one shard and
-//! `-1` in the other; the sums are right. Recording is then a few plain
-//! stores behind a sequence counter, with no read-modify-write at all; the
-//! reporter, once a second, reads each shard consistently (retrying if a
-//! write was under way), extends each integral to the report's time, sums,
-//! and subtracts the previous report's totals. Times are integer
-//! nanoseconds and the integrals integers, so sharding loses nothing; the
-//! division is the only floating-point step, which is where Knative's
-//! float sums could differ from these in the last bits.
-//!
-//! A thread takes the lowest free shard when it first records and gives it
-//! back when it exits; threads beyond [`SHARDS`] at once share one shard
-//! under a mutex.
+//! Request statistics: Knative's `RequestStats`, recorded without a lock
+//! (see [`RequestStats`]).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Mutex, PoisonError};
@@ -60,7 +37,31 @@ pub struct Report {
     pub proxied_request_count: f64,
 }
 
-/// Knative's request statistics; see the [module docs](self).
+/// Knative's request statistics, recorded without a lock.
+///
+/// Knative's `RequestStats` keeps, under one mutex, the requests in flight
+/// and the integral of that count over time: every event first adds
+/// `concurrency × seconds since the last event`, then moves the count. A
+/// report divides the integral by the seconds it covers and starts a new
+/// window. Every request takes that mutex twice.
+///
+/// Here the integral is linear, so it can be split: each thread that
+/// records gets a shard of its own, which only it writes, and which holds
+/// the same state as Knative's (in flight, time of the last change, the
+/// integral since the start, and the requests counted). A request that
+/// arrives on one thread and leaves on another leaves `+1` in one shard and
+/// `-1` in the other; the sums are right. Recording is then a few plain
+/// stores behind a sequence counter, with no read-modify-write at all; the
+/// reporter, once a second, reads each shard consistently (retrying if a
+/// write was under way), extends each integral to the report's time, sums,
+/// and subtracts the previous report's totals. Times are integer
+/// nanoseconds and the integrals integers, so sharding loses nothing; the
+/// division is the only floating-point step, which is where Knative's
+/// float sums could differ from these in the last bits.
+///
+/// A thread takes the lowest free shard when it first records and gives it
+/// back when it exits; threads beyond [`SHARDS`] at once share one shard
+/// under a mutex.
 #[derive(Debug)]
 pub struct RequestStats {
     shards: Box<[Shard]>,

@@ -1,10 +1,5 @@
-//! A tower layer putting a [`Breaker`] in front of an HTTP service.
-//!
-//! Each request is admitted or refused when the service is called; an
-//! admitted one reaches the inner service once it has a slot, and keeps the
-//! slot until its response body has ended (or is dropped), so the slot
-//! covers the whole exchange, streamed bodies included. A refused request
-//! gets the response the layer's `reject` function makes.
+//! A tower layer putting a [`Breaker`] in front of an HTTP service (see
+//! [`BreakerService`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -57,7 +52,13 @@ impl<S, R: Clone> Layer<S> for BreakerLayer<R> {
     }
 }
 
-/// Runs each request through a [`Breaker`]; see the [module docs](self).
+/// Runs each request through a [`Breaker`].
+///
+/// Each request is admitted or refused when the service is called; an
+/// admitted one reaches the inner service once it has a slot, and keeps the
+/// slot until its response body has ended (or is dropped), so the slot
+/// covers the whole exchange, streamed bodies included. A refused request
+/// gets the response the layer's `reject` function makes.
 #[derive(Debug, Clone)]
 pub struct BreakerService<S, R> {
     inner: S,

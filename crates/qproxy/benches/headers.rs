@@ -7,9 +7,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Request};
-use qproxy::layers::forwarded;
-use qproxy::layers::host_rewrite;
-use qproxy::proxy::hop;
+use qproxy::headers::{forwarded_shim, host_rewrite, prepare_request, prepare_response};
 
 fn ingress_request() -> Request<()> {
     let mut req = Request::get("/api/items?page=2")
@@ -57,7 +55,7 @@ fn headers(c: &mut Criterion) {
         b.iter_batched(
             || req.clone(),
             |mut r| {
-                host_rewrite::rewrite(&mut r);
+                host_rewrite(&mut r);
                 r
             },
             criterion::BatchSize::SmallInput,
@@ -67,7 +65,7 @@ fn headers(c: &mut Criterion) {
         b.iter_batched(
             || req.headers().clone(),
             |mut h| {
-                forwarded::shim(&mut h);
+                forwarded_shim(&mut h);
                 h
             },
             criterion::BatchSize::SmallInput,
@@ -77,7 +75,7 @@ fn headers(c: &mut Criterion) {
         b.iter_batched(
             || req.headers().clone(),
             |mut h| {
-                black_box(hop::prepare_request(&mut h));
+                black_box(prepare_request(&mut h));
                 h
             },
             criterion::BatchSize::SmallInput,
@@ -88,7 +86,7 @@ fn headers(c: &mut Criterion) {
         b.iter_batched(
             || res.clone(),
             |mut h| {
-                hop::prepare_response(&mut h);
+                prepare_response(&mut h);
                 h
             },
             criterion::BatchSize::SmallInput,

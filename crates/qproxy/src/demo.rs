@@ -57,11 +57,12 @@ pub async fn run() -> Result<(), Error> {
         }
     }
     let config = Config::from_vars(&vars)?;
-    crate::observe::log::init(&config.logging, &config.revision, &config.warnings);
+    crate::init_logging(&config);
     let shutdown = shutdown_signal()?;
     let server = Server::bind(config)?;
     println!("{}", banner(app_addr, &server));
-    server.run(shutdown).await
+    server.run(shutdown).await?;
+    Ok(())
 }
 
 fn port_free(port: u16) -> bool {

@@ -12,12 +12,14 @@
 //! - completes once a *quiet period* (30 s in Knative) has passed with no
 //!   request arriving; each request starts the period again.
 //!
-//! Only then are the listeners closed. [`Drainer::reset`] calls a drain off
-//! (the `/wait-for-drain` hook uses it when no `SIGTERM` follows).
+//! Only then are the listeners closed; [`Shutdown`] runs that whole way
+//! out. [`Drainer::reset`] calls a drain off (the `/wait-for-drain` hook
+//! uses it when no `SIGTERM` follows).
 //!
 //! The request path pays one relaxed atomic load per request while nothing
 //! drains.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -25,12 +27,12 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-/// Knative's quiet period.
-pub const DEFAULT_QUIET_PERIOD: Duration = Duration::from_secs(30);
+use crate::common::go::go_duration;
+use crate::common::tunnel::Tunnels;
 
 /// Drains the main port; cheap to clone, every clone is the same drain.
 #[derive(Debug, Clone)]
-pub struct Drainer {
+pub(crate) struct Drainer {
     inner: Arc<Inner>,
 }
 
@@ -58,7 +60,7 @@ struct Run {
 
 impl Drainer {
     /// A drainer that completes after `quiet` with no request.
-    pub fn new(quiet: Duration) -> Self {
+    pub(crate) fn new(quiet: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
                 quiet,
@@ -71,18 +73,18 @@ impl Drainer {
     }
 
     /// The quiet period.
-    pub fn quiet_period(&self) -> Duration {
+    pub(crate) fn quiet_period(&self) -> Duration {
         self.inner.quiet
     }
 
     /// Whether a drain has started (and not been reset): health checks fail.
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.inner.draining.load(Ordering::Relaxed)
     }
 
     /// Notes that a request arrived: during a drain, the quiet period
     /// starts again.
-    pub fn request_arrived(&self) {
+    pub(crate) fn request_arrived(&self) {
         if self.is_draining() {
             self.inner
                 .last_request
@@ -94,7 +96,7 @@ impl Drainer {
     /// completes: the quiet period has passed with no request, or the drain
     /// was reset. Once a drain has completed, later calls return at once
     /// until it is reset.
-    pub async fn drain(&self) {
+    pub(crate) async fn drain(&self) {
         let mut done = {
             let mut run = self.inner.lock_run();
             match run.as_ref() {
@@ -112,7 +114,7 @@ impl Drainer {
 
     /// Calls a drain off: health checks pass again and whoever waits in
     /// [`Drainer::drain`] returns. A later drain waits a whole quiet period.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         let mut run = self.inner.lock_run();
         self.inner.draining.store(false, Ordering::Relaxed);
         // Dropping the run drops its reset sender, which ends its timer.
@@ -163,6 +165,53 @@ impl Inner {
 
     fn lock_run(&self) -> std::sync::MutexGuard<'_, Option<Run>> {
         self.run.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The way out once `SIGTERM` has arrived, as Knative's queue-proxy takes
+/// it: health checks fail and requests are served until the quiet period
+/// passes without one, then the listeners close and the requests in flight
+/// finish, and upgraded connections get a bounded time to close.
+#[derive(Debug)]
+pub(crate) struct Shutdown {
+    /// The main port's drain.
+    pub(crate) drainer: Drainer,
+    /// Tells the admin server's drain hook that `SIGTERM` has arrived.
+    pub(crate) terminate: watch::Sender<bool>,
+    /// The upgraded connections open.
+    pub(crate) tunnels: Tunnels,
+    /// How long upgraded connections get to close.
+    pub(crate) upgraded: Duration,
+}
+
+impl Shutdown {
+    /// Drains; then `close` closes the listeners and waits for the requests
+    /// in flight; then the upgraded connections get their time.
+    pub(crate) async fn run(self, close: impl Future<Output = ()>) {
+        tracing::info!("Received TERM signal, attempting to gracefully shutdown servers.");
+        tracing::info!(
+            "Sleeping {} to allow K8s propagation of non-ready state",
+            go_duration(self.drainer.quiet_period())
+        );
+        let _ = self.terminate.send(true);
+        self.drainer.drain().await;
+        close.await;
+        let tunnels = &self.tunnels;
+        if tunnels.open() > 0 {
+            tracing::info!(
+                open = tunnels.open(),
+                "Waiting for upgraded connections to close"
+            );
+        }
+        if tokio::time::timeout(self.upgraded, tunnels.all_closed())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = tunnels.open(),
+                "Hijack connection drain failed: context deadline exceeded"
+            );
+        }
     }
 }
 

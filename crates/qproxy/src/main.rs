@@ -48,7 +48,7 @@ fn serve() -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    qproxy::observe::log::init(&config.logging, &config.revision, &config.warnings);
+    qproxy::init_logging(&config);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

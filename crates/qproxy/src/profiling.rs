@@ -15,6 +15,7 @@
 //! directory cannot be written, [`prepare_temp_dir`] points it at
 //! `/dev/shm`, which every container has.
 
+use std::future::Future;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -25,14 +26,15 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use http::header::{CONTENT_DISPOSITION, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
 use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
 use pprof::protos::Message;
 
-use crate::admin::not_found;
-use crate::body::Body;
-use crate::proxy::plain_text;
+use crate::common::Endpoint;
+use crate::common::body::Body;
+use crate::common::reply::{http_error, not_found};
 
 /// Path of the CPU profile.
-pub const PROFILE: &str = "/debug/pprof/profile";
+pub(crate) const PROFILE: &str = "/debug/pprof/profile";
 /// Samples per second, as Go's CPU profiler takes them.
 const FREQUENCY: i32 = 100;
 /// Profile length when the request does not say.
@@ -40,7 +42,7 @@ const DEFAULT_SECONDS: u64 = 30;
 
 /// Why a profile could not be made.
 #[derive(Debug, thiserror::Error)]
-pub enum ProfileError {
+pub(crate) enum ProfileError {
     /// The sampler failed.
     #[error(transparent)]
     Pprof(#[from] pprof::Error),
@@ -54,13 +56,13 @@ pub enum ProfileError {
 
 /// The profiling server's state: at most one profile at a time.
 #[derive(Debug, Clone, Default)]
-pub struct Profiling {
+pub(crate) struct Profiling {
     busy: Arc<AtomicBool>,
 }
 
 impl Profiling {
     /// Answers `req`.
-    pub async fn answer<B>(self, req: Request<B>) -> Response<Body> {
+    pub(crate) async fn answer<B>(self, req: Request<B>) -> Response<Body> {
         if req.uri().path() != PROFILE {
             return not_found();
         }
@@ -104,7 +106,7 @@ impl Drop for Busy {
 
 /// Go's `serveError` for a profile that could not start.
 fn profile_error(why: &str) -> Response<Body> {
-    let mut res = plain_text(
+    let mut res = http_error(
         StatusCode::INTERNAL_SERVER_ERROR,
         format!("Could not enable CPU profiling: {why}\n"),
     );
@@ -116,7 +118,7 @@ fn profile_error(why: &str) -> Response<Body> {
 /// Makes sure the sampler has a temporary directory it can write: the
 /// usual one (`TMPDIR`, else `/tmp`), or else `/dev/shm`. Called once,
 /// before the first profile, when profiling is on.
-pub fn prepare_temp_dir() {
+pub(crate) fn prepare_temp_dir() {
     let usual = std::env::temp_dir();
     if writable(&usual) {
         return;
@@ -167,6 +169,12 @@ async fn profile(length: Duration) -> Result<Vec<u8>, ProfileError> {
         Ok(gz.finish()?)
     })
     .await?
+}
+
+impl Endpoint for Profiling {
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+        self.answer(req)
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! | Go's `net/http` server     | [`ServerRulesLayer`]            |
 //! | (handler lifetimes)        | [`UpgradeHoldLayer`]            |
 //! | request log                | [`RequestLogLayer`]             |
-//! | drainer, health checks     | [`DrainLayer`]                  |
+//! | drainer, health checks     | [`HealthLayer`]                 |
 //! | hijack tracker             | [`UpgradeHoldLayer`]'s [`Tunnels`] |
 //! | tracing                    | [`TraceLayer::server`]          |
 //! | request metrics            | [`MetricsLayer::revision`]      |
@@ -47,14 +47,15 @@ use tower::{Service, ServiceBuilder};
 use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
-use crate::body::Body;
-use crate::config::Generation;
-use crate::config::Timeouts;
+use crate::common::Conn;
+use crate::common::body::Body;
+use crate::common::tunnel::Tunnels;
+use crate::config::{Generation, Timeouts};
 use crate::drain::Drainer;
 use crate::layers::RewriteLayer;
 use crate::layers::concurrency;
-use crate::layers::drain::DrainLayer;
 use crate::layers::forwarded::ForwardedShim;
+use crate::layers::health::HealthLayer;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::metrics::{MetricsBody, MetricsLayer};
 use crate::layers::request_log::{LoggedBody, RequestLogLayer};
@@ -62,16 +63,13 @@ use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::{StatsBody, StatsLayer};
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::trace::{TraceLayer, TracedBody};
-use crate::layers::upgrade::{Tunnels, UpgradeHoldLayer};
-use crate::observe::UserMetrics;
-use crate::observe::request_log::SharedRequestLog;
-use crate::observe::traces::Traces;
+use crate::layers::upgrade::UpgradeHoldLayer;
+use crate::observe::Observers;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
-use crate::server::Conn;
 
 /// The response body of the main port.
-pub type MainBody = LoggedBody<
+pub(crate) type MainBody = LoggedBody<
     TracedBody<
         MetricsBody<TimeoutBody<TracedBody<StatsBody<PermitBody<TracedBody<MetricsBody<Body>>>>>>>,
     >,
@@ -79,35 +77,31 @@ pub type MainBody = LoggedBody<
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     /// The user container.
-    pub upstream: Arc<Upstream>,
+    pub(crate) upstream: Arc<Upstream>,
     /// `containerConcurrency`, when limited.
-    pub breaker: Option<Breaker>,
+    pub(crate) breaker: Option<Breaker>,
     /// The revision's timeouts.
-    pub timeouts: Timeouts,
+    pub(crate) timeouts: Timeouts,
     /// Which Knative started us, for the timeouts' rules.
-    pub generation: Generation,
+    pub(crate) generation: Generation,
     /// The autoscaler's request statistics.
-    pub stats: Arc<RequestStats>,
+    pub(crate) stats: Arc<RequestStats>,
     /// The clock of those statistics.
-    pub clock: MonotonicClock,
+    pub(crate) clock: MonotonicClock,
     /// The drain of the main port.
-    pub drainer: Drainer,
+    pub(crate) drainer: Drainer,
     /// The user container's readiness, for health checks.
-    pub readiness: Readiness,
+    pub(crate) readiness: Readiness,
     /// The upgraded connections open.
-    pub tunnels: Tunnels,
-    /// Request metrics, when served.
-    pub request_metrics: Option<UserMetrics>,
-    /// The request log, when enabled.
-    pub request_log: Option<SharedRequestLog>,
-    /// Traces, when exported.
-    pub traces: Option<Traces>,
+    pub(crate) tunnels: Tunnels,
+    /// Request metrics, request logs and traces, as configured.
+    pub(crate) observers: Observers,
 }
 
 /// The service handling the requests of one main-port connection.
-pub fn main_service(
+pub(crate) fn main_service(
     shared: &Shared,
     conn: Conn,
 ) -> impl Service<
@@ -118,31 +112,32 @@ pub fn main_service(
 > + Clone
 + Send
 + use<> {
+    let observers = &shared.observers;
     ServiceBuilder::new()
         .layer(ServerRulesLayer)
         .layer(UpgradeHoldLayer::new(shared.tunnels.clone()))
         .layer(RequestLogLayer::new(
-            shared.request_log.clone(),
+            observers.request_log.clone(),
             conn.remote,
         ))
-        .layer(DrainLayer::new(
+        .layer(HealthLayer::new(
             shared.drainer.clone(),
             shared.readiness.clone(),
         ))
-        .layer(TraceLayer::server(shared.traces.clone(), conn.remote))
-        .layer(MetricsLayer::revision(shared.request_metrics.clone()))
+        .layer(TraceLayer::server(observers.traces.clone(), conn.remote))
+        .layer(MetricsLayer::revision(observers.request_metrics.clone()))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(RewriteLayer::new(ForwardedShim))
         .layer(TraceLayer::proxy(
-            shared.traces.clone(),
+            observers.traces.clone(),
             shared.breaker.is_some(),
         ))
         .layer(StatsLayer::new(shared.stats.clone(), shared.clock))
         .layer(RewriteLayer::new(HostRewrite))
         .layer(concurrency::layer(shared.breaker.clone()))
-        .layer(TraceLayer::client(shared.traces.clone()))
+        .layer(TraceLayer::client(observers.traces.clone()))
         .layer(MetricsLayer::app(
-            shared.request_metrics.clone(),
+            observers.request_metrics.clone(),
             shared.breaker.clone(),
         ))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))

@@ -8,18 +8,18 @@
 use breaker::{Breaker, BreakerLayer, PermitBody, QueueFull};
 use http::{Response, StatusCode};
 
-use crate::body::Body;
-use crate::headers::is_kubelet_probe;
-use crate::proxy::plain_text;
+use crate::common::body::Body;
+use crate::common::headers::is_kubelet_probe;
+use crate::common::reply::http_error;
 
 /// The breaker layer of the main port, whose inner responses have bodies
 /// of type `B`.
-pub type ConcurrencyLayer<B> = BreakerLayer<fn(QueueFull) -> Response<B>>;
+pub(crate) type ConcurrencyLayer<B> = BreakerLayer<fn(QueueFull) -> Response<B>>;
 
 /// The breaker Knative's queue-proxy builds for `container_concurrency`, if
 /// any: `container_concurrency` slots and ten times as many places in the
 /// queue.
-pub fn breaker(container_concurrency: u32) -> Option<Breaker> {
+pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
     if container_concurrency == 0 {
         return None;
     }
@@ -32,14 +32,14 @@ pub fn breaker(container_concurrency: u32) -> Option<Breaker> {
 }
 
 /// Limits the requests reaching the app with `breaker`.
-pub fn layer<B: From<Body>>(breaker: Option<Breaker>) -> ConcurrencyLayer<B> {
+pub(crate) fn layer<B: From<Body>>(breaker: Option<Breaker>) -> ConcurrencyLayer<B> {
     BreakerLayer::new(breaker, queue_full::<B> as fn(QueueFull) -> Response<B>)
         .exempt(is_kubelet_probe)
 }
 
 /// Go's `http.Error(w, err.Error(), 503)`.
 fn queue_full<B: From<Body>>(err: QueueFull) -> Response<B> {
-    plain_text(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).map(B::from)
+    http_error(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).map(B::from)
 }
 
 impl<B: From<Body>> From<Body> for PermitBody<B> {

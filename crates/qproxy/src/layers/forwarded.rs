@@ -11,12 +11,12 @@
 use http::{HeaderMap, HeaderValue, Request};
 
 use super::Rewrite;
-use crate::headers::{FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::common::headers::{FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 
 /// The shim as a [`Rewrite`]: apply it with
 /// [`RewriteLayer`](super::RewriteLayer).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ForwardedShim;
+pub(crate) struct ForwardedShim;
 
 impl Rewrite for ForwardedShim {
     fn rewrite<B>(&self, req: &mut Request<B>) {
@@ -33,7 +33,7 @@ pub fn shim(headers: &mut HeaderMap) {
 
 /// The `Forwarded` value Knative would synthesise for these headers, or
 /// `None` when there is a `Forwarded` header already or no `X-Forwarded-*`.
-pub fn synthesize(headers: &HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn synthesize(headers: &HeaderMap) -> Option<HeaderValue> {
     let first = |name| {
         headers
             .get(name)

@@ -11,12 +11,12 @@ use http::uri::Uri;
 use http::{HeaderMap, Request};
 
 use super::Rewrite;
-use crate::headers::{K_ORIGINAL_HOST, is_kubelet_probe};
+use crate::common::headers::{K_ORIGINAL_HOST, is_kubelet_probe};
 
 /// The rewrite as a [`Rewrite`], skipping kubelet probes: apply it with
 /// [`RewriteLayer`](super::RewriteLayer).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct HostRewrite;
+pub(crate) struct HostRewrite;
 
 impl Rewrite for HostRewrite {
     fn rewrite<B>(&self, req: &mut Request<B>) {

@@ -25,18 +25,18 @@ use std::task::{Context, Poll};
 
 use breaker::Breaker;
 use http::{Request, Response};
-use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::body::{Guarded, GuardedFuture, Outcome, Settle};
-use crate::headers::is_probe;
+use crate::common::body::{Guarded, GuardedFuture};
+use crate::common::headers::is_probe;
+use crate::common::outcome::{Ended, Observed, Record};
 use crate::observe::UserMetrics;
 use crate::observe::current_metrics::{CurrentMetrics, HttpAttributes};
 use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
 
 /// Adds [`Metrics`] to a stack.
 #[derive(Debug, Clone)]
-pub struct MetricsLayer {
+pub(crate) struct MetricsLayer {
     metrics: Option<UserMetrics>,
     scope: Scope,
     breaker: Option<Breaker>,
@@ -44,7 +44,7 @@ pub struct MetricsLayer {
 
 impl MetricsLayer {
     /// Measures requests as they reach the queue-proxy.
-    pub fn revision(metrics: Option<UserMetrics>) -> Self {
+    pub(crate) fn revision(metrics: Option<UserMetrics>) -> Self {
         Self {
             metrics,
             scope: Scope::Revision,
@@ -54,7 +54,7 @@ impl MetricsLayer {
 
     /// Measures requests as they go to the user container, and the depth
     /// of `breaker`'s queue.
-    pub fn app(metrics: Option<UserMetrics>, breaker: Option<Breaker>) -> Self {
+    pub(crate) fn app(metrics: Option<UserMetrics>, breaker: Option<Breaker>) -> Self {
         Self {
             metrics,
             scope: Scope::App,
@@ -76,7 +76,7 @@ impl<S> Layer<S> for MetricsLayer {
 
 /// Measures each request; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Metrics<S> {
+pub(crate) struct Metrics<S> {
     inner: S,
     layer: MetricsLayer,
 }
@@ -89,7 +89,7 @@ where
 {
     type Response = Response<MetricsBody<ResBody>>;
     type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Measuring>;
+    type Future = GuardedFuture<S::Future, Observed<Measuring>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -115,13 +115,13 @@ where
                         Series::Current(m.clone(), Box::new(HttpAttributes::of(&req)))
                     }
                 };
-                Some(Measuring {
-                    series,
-                    scope: layer.scope,
-                    start: Instant::now(),
-                    outcome: Outcome::new(req.method()),
-                    size: 0,
-                })
+                Some(Observed::new(
+                    req.method(),
+                    Measuring {
+                        series,
+                        scope: layer.scope,
+                    },
+                ))
             }
             _ => None,
         };
@@ -129,16 +129,12 @@ where
     }
 }
 
-/// A request being measured, recorded once it is over: when its response
-/// body is done with, or, dropped before any response, as a `502`.
+/// Where a request is recorded once it is over: its series, and which
+/// of the two places measured it.
 #[derive(Debug)]
-pub struct Measuring {
+pub(crate) struct Measuring {
     series: Series,
     scope: Scope,
-    start: Instant,
-    outcome: Outcome,
-    /// Body bytes sent.
-    size: u64,
 }
 
 /// Where a request is recorded, and what chooses its series beyond its
@@ -151,33 +147,19 @@ enum Series {
     Current(CurrentMetrics, Box<HttpAttributes>),
 }
 
-impl Settle for Measuring {
-    fn answered(&mut self, status: http::StatusCode) {
-        self.outcome.answered(status);
-    }
-
-    fn data(&mut self, len: usize) {
-        self.size += len as u64;
-    }
-
-    fn settle(&mut self, complete: bool) {
-        self.outcome.settle(complete);
-    }
-}
-
-impl Drop for Measuring {
-    fn drop(&mut self) {
-        let status = self.outcome.status().unwrap_or(500);
-        let elapsed = self.start.elapsed();
+impl Record for Measuring {
+    fn record(&mut self, ended: Ended) {
+        // A body cut off counts as Go's aborted handler: 500.
+        let status = ended.status.unwrap_or(500);
         match &self.series {
-            Series::Classic(m, tag) => m.series(self.scope, status, tag).record(elapsed),
+            Series::Classic(m, tag) => m.series(self.scope, status, tag).record(ended.elapsed),
             Series::Current(m, attributes) => match self.scope {
-                Scope::Revision => m.record_server(attributes, status, self.size, elapsed),
-                Scope::App => m.record_app(attributes, status, elapsed),
+                Scope::Revision => m.record_server(attributes, status, ended.size, ended.elapsed),
+                Scope::App => m.record_app(attributes, status, ended.elapsed),
             },
         }
     }
 }
 
 /// The response body of [`Metrics`].
-pub type MetricsBody<B> = Guarded<B, Measuring>;
+pub(crate) type MetricsBody<B> = Guarded<B, Observed<Measuring>>;

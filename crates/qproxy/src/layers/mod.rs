@@ -4,17 +4,17 @@
 //! only change the request on its way in implement [`Rewrite`] and are
 //! applied with [`RewriteLayer`].
 
-pub mod concurrency;
-pub mod drain;
-pub mod forwarded;
-pub mod host_rewrite;
-pub mod metrics;
-pub mod request_log;
-pub mod server_rules;
-pub mod stats;
-pub mod timeout;
-pub mod trace;
-pub mod upgrade;
+pub(crate) mod concurrency;
+pub(crate) mod forwarded;
+pub(crate) mod health;
+pub(crate) mod host_rewrite;
+pub(crate) mod metrics;
+pub(crate) mod request_log;
+pub(crate) mod server_rules;
+pub(crate) mod stats;
+pub(crate) mod timeout;
+pub(crate) mod trace;
+pub(crate) mod upgrade;
 
 use std::task::{Context, Poll};
 
@@ -22,20 +22,20 @@ use http::Request;
 use tower::{Layer, Service};
 
 /// A change made to every request before the inner service sees it.
-pub trait Rewrite: Clone {
+pub(crate) trait Rewrite: Clone {
     /// Changes `req` in place.
     fn rewrite<B>(&self, req: &mut Request<B>);
 }
 
 /// Applies a [`Rewrite`] to every request of the service it wraps.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RewriteLayer<R> {
+pub(crate) struct RewriteLayer<R> {
     rewrite: R,
 }
 
 impl<R> RewriteLayer<R> {
     /// A layer applying `rewrite`.
-    pub const fn new(rewrite: R) -> Self {
+    pub(crate) const fn new(rewrite: R) -> Self {
         Self { rewrite }
     }
 }
@@ -53,7 +53,7 @@ impl<R: Clone, S> Layer<S> for RewriteLayer<R> {
 
 /// A service whose requests are rewritten before the inner service sees them.
 #[derive(Debug, Clone)]
-pub struct Rewritten<R, S> {
+pub(crate) struct Rewritten<R, S> {
     rewrite: R,
     inner: S,
 }

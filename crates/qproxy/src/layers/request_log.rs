@@ -15,23 +15,23 @@ use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::body::{Guarded, GuardedFuture, Outcome, Settle};
-use crate::headers::is_probe;
+use crate::common::body::{Guarded, GuardedFuture};
+use crate::common::headers::is_probe;
+use crate::common::outcome::{Ended, Observed, Record};
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 
 /// Adds [`RequestLogging`] to a stack.
 #[derive(Debug, Clone)]
-pub struct RequestLogLayer {
+pub(crate) struct RequestLogLayer {
     log: Option<SharedRequestLog>,
     remote: SocketAddr,
 }
 
 impl RequestLogLayer {
     /// Logs the requests of a connection from `remote` to `log`, if any.
-    pub fn new(log: Option<SharedRequestLog>, remote: SocketAddr) -> Self {
+    pub(crate) fn new(log: Option<SharedRequestLog>, remote: SocketAddr) -> Self {
         Self { log, remote }
     }
 }
@@ -49,7 +49,7 @@ impl<S> Layer<S> for RequestLogLayer {
 
 /// Logs each request; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct RequestLogging<S> {
+pub(crate) struct RequestLogging<S> {
     inner: S,
     layer: RequestLogLayer,
 }
@@ -62,7 +62,7 @@ where
 {
     type Response = Response<LoggedBody<ResBody>>;
     type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Entry>;
+    type Future = GuardedFuture<S::Future, Observed<Entry>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -70,13 +70,13 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let entry = match &self.layer.log {
-            Some(log) if log.logs_probes() || !is_probe(req.headers()) => Some(Entry {
-                arrived: log.arrived(&req, self.layer.remote),
-                log: log.clone(),
-                start: Instant::now(),
-                outcome: Outcome::new(req.method()),
-                size: 0,
-            }),
+            Some(log) if log.logs_probes() || !is_probe(req.headers()) => Some(Observed::new(
+                req.method(),
+                Entry {
+                    arrived: log.arrived(&req, self.layer.remote),
+                    log: log.clone(),
+                },
+            )),
             _ => None,
         };
         GuardedFuture::new(self.inner.call(req), entry)
@@ -85,39 +85,21 @@ where
 
 /// A request whose line is yet to be written.
 #[derive(Debug)]
-pub struct Entry {
+pub(crate) struct Entry {
     log: SharedRequestLog,
     arrived: Arrived,
-    start: Instant,
-    outcome: Outcome,
-    size: u64,
 }
 
-impl Settle for Entry {
-    fn answered(&mut self, status: http::StatusCode) {
-        self.outcome.answered(status);
-    }
-
-    fn data(&mut self, len: usize) {
-        self.size += len as u64;
-    }
-
-    fn settle(&mut self, complete: bool) {
-        self.outcome.settle(complete);
-    }
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
+impl Record for Entry {
+    fn record(&mut self, ended: Ended) {
         // A body cut off is logged as Go's aborted handler: 500, no size.
-        let (status, size) = match self.outcome.status() {
-            Some(status) => (status, self.size),
+        let (status, size) = match ended.status {
+            Some(status) => (status, ended.size),
             None => (500, 0),
         };
-        self.log
-            .write(&self.arrived, status, size, self.start.elapsed());
+        self.log.write(&self.arrived, status, size, ended.elapsed);
     }
 }
 
 /// The response body of [`RequestLogging`].
-pub type LoggedBody<B> = Guarded<B, Entry>;
+pub(crate) type LoggedBody<B> = Guarded<B, Observed<Entry>>;

@@ -16,22 +16,19 @@
 //!   through.)
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderValue};
+use http::header::HOST;
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper::ext::ReasonPhrase;
-use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::body::Body;
-use crate::server::MAX_HEADER_BYTES;
+use crate::common::MAX_HEADER_BYTES;
+use crate::common::body::Body;
+use crate::common::reply::{Answering, server_error};
 
 /// Adds [`ServerRules`] to a stack.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ServerRulesLayer;
+pub(crate) struct ServerRulesLayer;
 
 impl<S> Layer<S> for ServerRulesLayer {
     type Service = ServerRules<S>;
@@ -43,7 +40,7 @@ impl<S> Layer<S> for ServerRulesLayer {
 
 /// Answers the requests Go's server answers itself; passes the rest on.
 #[derive(Debug, Clone)]
-pub struct ServerRules<S> {
+pub(crate) struct ServerRules<S> {
     inner: S,
 }
 
@@ -54,7 +51,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = Infallible;
-    type Future = RulesFuture<S::Future, ResBody>;
+    type Future = Answering<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -62,46 +59,14 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         match answer(&req) {
-            Some(res) => RulesFuture::Answered {
-                res: Some(res.map(ResBody::from)),
-            },
-            None => RulesFuture::Inner {
-                fut: self.inner.call(req),
-            },
-        }
-    }
-}
-
-pin_project! {
-    /// The response of [`ServerRules`]: its own, or the inner service's.
-    #[project = RulesFutureProj]
-    pub enum RulesFuture<F, B> {
-        /// Answered without the inner service.
-        Answered { res: Option<Response<B>> },
-        /// Passed on.
-        Inner { #[pin] fut: F },
-    }
-}
-
-impl<F, B> Future for RulesFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, Infallible>>,
-{
-    type Output = Result<Response<B>, Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            RulesFutureProj::Answered { res } => match res.take() {
-                Some(res) => Poll::Ready(Ok(res)),
-                None => Poll::Pending,
-            },
-            RulesFutureProj::Inner { fut } => fut.poll(cx),
+            Some(res) => Answering::now(res),
+            None => Answering::inner(self.inner.call(req)),
         }
     }
 }
 
 /// The answer Go's server gives `req` by itself, if any.
-pub fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
+pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
     if req.version() >= Version::HTTP_2 {
         return None;
     }
@@ -109,7 +74,7 @@ pub fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
         return Some(Response::new(Body::empty()));
     }
     if head_len(req) > MAX_HEADER_BYTES {
-        return Some(go_error(
+        return Some(server_error(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "Request Header Fields Too Large",
         ));
@@ -148,33 +113,17 @@ fn head_len<B>(req: &Request<B>) -> usize {
         + "\r\n".len()
 }
 
-/// Go's reply to a request it cannot serve: the reason in the status line
-/// and the body, and the connection closed.
+/// Go's reply to a request without a usable host.
 fn bad_request(reason: &'static str) -> Response<Body> {
-    go_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {reason}"))
-}
-
-/// Go's server's own error reply: `<code> <reason>` as the status line's
-/// reason and as the body, and the connection closed.
-fn go_error(status: StatusCode, reason: &str) -> Response<Body> {
-    let text = format!("{} {reason}", status.as_u16());
-    let mut res = Response::new(Body::full(text));
-    *res.status_mut() = status;
-    let headers = res.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    if let Ok(phrase) = ReasonPhrase::try_from(reason.as_bytes().to_vec()) {
-        res.extensions_mut().insert(phrase);
-    }
-    res
+    server_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {reason}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use http::header::CONNECTION;
+    use hyper::ext::ReasonPhrase;
 
     fn req(method: Method, uri: &str, version: Version, hosts: &[&str]) -> Request<()> {
         let mut b = Request::builder().method(method).uri(uri).version(version);

@@ -7,32 +7,29 @@
 //! when it is cancelled (the client went away, a timeout fired), or, for
 //! an upgraded connection, when the tunnel closes.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::body::{Guarded, Settle};
-use crate::headers::{K_PROXY_REQUEST, is_kubelet_probe};
+use crate::common::body::{Guarded, GuardedFuture, Settle};
+use crate::common::headers::{K_PROXY_REQUEST, is_kubelet_probe};
 
 /// The `K-Proxy-Request` value of requests the activator forwards.
 const ACTIVATOR: &str = "activator";
 
 /// Adds [`Stats`] to a stack.
 #[derive(Debug, Clone)]
-pub struct StatsLayer {
+pub(crate) struct StatsLayer {
     stats: Arc<RequestStats>,
     clock: MonotonicClock,
 }
 
 impl StatsLayer {
     /// Records into `stats`, with times from `clock`.
-    pub fn new(stats: Arc<RequestStats>, clock: MonotonicClock) -> Self {
+    pub(crate) fn new(stats: Arc<RequestStats>, clock: MonotonicClock) -> Self {
         Self { stats, clock }
     }
 }
@@ -51,7 +48,7 @@ impl<S> Layer<S> for StatsLayer {
 
 /// Records each request's in and out events; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Stats<S> {
+pub(crate) struct Stats<S> {
     inner: S,
     stats: Arc<RequestStats>,
     clock: MonotonicClock,
@@ -64,7 +61,7 @@ where
 {
     type Response = Response<StatsBody<ResBody>>;
     type Error = S::Error;
-    type Future = StatsFuture<S::Future>;
+    type Future = GuardedFuture<S::Future, InFlight>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -78,16 +75,13 @@ where
                 .is_some_and(|v| v == ACTIVATOR);
             InFlight::enter(self.stats.clone(), self.clock, proxied)
         });
-        StatsFuture {
-            inner: self.inner.call(req),
-            guard,
-        }
+        GuardedFuture::new(self.inner.call(req), guard)
     }
 }
 
 /// A request counted in; dropping it counts it out.
 #[derive(Debug)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     stats: Arc<RequestStats>,
     clock: MonotonicClock,
     proxied: bool,
@@ -118,30 +112,6 @@ impl Drop for InFlight {
     }
 }
 
-pin_project! {
-    /// The response of [`Stats`].
-    pub struct StatsFuture<F> {
-        #[pin]
-        inner: F,
-        guard: Option<InFlight>,
-    }
-}
-
-impl<F, B, E> Future for StatsFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: http_body::Body,
-{
-    type Output = Result<Response<StatsBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let res = std::task::ready!(this.inner.poll(cx))?;
-        let guard = this.guard.take();
-        Poll::Ready(Ok(res.map(|body| Guarded::new(body, guard))))
-    }
-}
-
 /// A response body that counts its request out when it ends, fails or is
 /// dropped.
-pub type StatsBody<B> = Guarded<B, InFlight>;
+pub(crate) type StatsBody<B> = Guarded<B, InFlight>;

@@ -33,37 +33,34 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, UPGRADE};
+use http::header::UPGRADE;
 use http::{Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-use crate::body::Body;
-use crate::config::Generation;
-use crate::config::Timeouts;
+use crate::common::body::Body;
+use crate::common::go::go_duration;
+use crate::common::reply::text;
+use crate::common::tunnel::TunnelDeadline;
+use crate::config::{Generation, Timeouts};
 
 /// The body of the `504`.
 const REQUEST_TIMEOUT: &str = "request timeout";
 
-/// When the upgraded connection of a request must be closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TunnelDeadline(pub Instant);
-
 /// Adds [`Timeout`] to a stack.
 #[derive(Debug, Clone, Copy)]
-pub struct TimeoutLayer {
+pub(crate) struct TimeoutLayer {
     timeouts: Timeouts,
     generation: Generation,
 }
 
 impl TimeoutLayer {
     /// Applies `timeouts` the way the `generation` of Knative does.
-    pub fn new(timeouts: Timeouts, generation: Generation) -> Self {
+    pub(crate) fn new(timeouts: Timeouts, generation: Generation) -> Self {
         Self {
             timeouts,
             generation,
@@ -86,7 +83,7 @@ impl<S> Layer<S> for TimeoutLayer {
 /// Bounds each request by the revision's timeouts; see the [module
 /// docs](self).
 #[derive(Debug, Clone)]
-pub struct Timeout<S> {
+pub(crate) struct Timeout<S> {
     inner: S,
     timeouts: Timeouts,
     generation: Generation,
@@ -193,7 +190,7 @@ impl Clock {
 pin_project! {
     /// The response of [`Timeout`]: the inner one, or `504` if a timeout
     /// fires first.
-    pub struct TimeoutFuture<F> {
+    pub(crate) struct TimeoutFuture<F> {
         #[pin]
         inner: F,
         #[pin]
@@ -222,26 +219,21 @@ where
         this.clock.log(fired);
         // Go's handler writes the status and the text, no more: the type is
         // sniffed, and there is no `X-Content-Type-Options`.
-        let mut res = Response::new(TimeoutBody::plain(B::from(Body::full(REQUEST_TIMEOUT))));
-        *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
-        res.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        Poll::Ready(Ok(res))
+        let res = text(StatusCode::GATEWAY_TIMEOUT, REQUEST_TIMEOUT);
+        Poll::Ready(Ok(res.map(|body| TimeoutBody::plain(B::from(body)))))
     }
 }
 
 /// A response ended by a timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("request timeout")]
-pub struct TimedOut;
+pub(crate) struct TimedOut;
 
 pin_project! {
     /// A response body under the timeouts that still apply once the
     /// response has started.
     #[project = TimeoutBodyProj]
-    pub struct TimeoutBody<B> {
+    pub(crate) struct TimeoutBody<B> {
         #[pin]
         body: B,
         // Armed for the earliest deadline; `None` when none applies.
@@ -274,7 +266,7 @@ impl Running {
 
 impl<B> TimeoutBody<B> {
     /// A body no timeout applies to (qproxy's own answers).
-    pub fn plain(body: B) -> Self {
+    pub(crate) fn plain(body: B) -> Self {
         TimeoutBody {
             body,
             sleep: None,
@@ -403,21 +395,11 @@ where
     }
 }
 
-/// A whole number of seconds as Go's `time.Duration` prints it: `30s`,
-/// `5m0s`, `1h0m0s`.
-pub(crate) fn go_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    match (h, m) {
-        (0, 0) => format!("{s}s"),
-        (0, _) => format!("{m}m{s}s"),
-        _ => format!("{h}h{m}m{s}s"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::time::Duration;
 
     fn timeouts(revision: u64, start: Option<u64>, idle: Option<u64>) -> Timeouts {
         Timeouts {
@@ -425,14 +407,6 @@ mod tests {
             response_start: start.map(Duration::from_secs),
             idle: idle.map(Duration::from_secs),
         }
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(go_duration(Duration::from_secs(0)), "0s");
-        assert_eq!(go_duration(Duration::from_secs(30)), "30s");
-        assert_eq!(go_duration(Duration::from_secs(300)), "5m0s");
-        assert_eq!(go_duration(Duration::from_secs(3661)), "1h1m1s");
     }
 
     #[tokio::test]

@@ -15,9 +15,9 @@ use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt;
 use tower::{Layer, Service};
 
-use crate::body::{Guarded, GuardedFuture, Settle};
+use crate::common::body::{Guarded, GuardedFuture, Settle};
+use crate::common::headers::{is_kubelet_probe, is_probe};
 use crate::config::Generation;
-use crate::headers::{is_kubelet_probe, is_probe};
 use crate::observe::traces::Traces;
 
 /// Where in the stack a [`Trace`] layer sits.
@@ -34,14 +34,14 @@ enum Position {
 
 /// Adds [`Trace`] to a stack.
 #[derive(Debug, Clone)]
-pub struct TraceLayer {
+pub(crate) struct TraceLayer {
     traces: Option<Traces>,
     position: Position,
 }
 
 impl TraceLayer {
     /// The server span of each request from `remote`.
-    pub fn server(traces: Option<Traces>, remote: SocketAddr) -> Self {
+    pub(crate) fn server(traces: Option<Traces>, remote: SocketAddr) -> Self {
         Self {
             traces,
             position: Position::Server(remote),
@@ -49,7 +49,7 @@ impl TraceLayer {
     }
 
     /// The proxy span, and with a `breaker` the wait span.
-    pub fn proxy(traces: Option<Traces>, breaker: bool) -> Self {
+    pub(crate) fn proxy(traces: Option<Traces>, breaker: bool) -> Self {
         Self {
             traces,
             position: Position::Proxy { breaker },
@@ -57,7 +57,7 @@ impl TraceLayer {
     }
 
     /// The client span, whose context goes to the app.
-    pub fn client(traces: Option<Traces>) -> Self {
+    pub(crate) fn client(traces: Option<Traces>) -> Self {
         Self {
             traces,
             position: Position::Client,
@@ -78,7 +78,7 @@ impl<S> Layer<S> for TraceLayer {
 
 /// Traces requests; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Trace<S> {
+pub(crate) struct Trace<S> {
     inner: S,
     layer: TraceLayer,
 }
@@ -177,7 +177,7 @@ enum Kind {
 
 /// A span, ended when its request is done with.
 #[derive(Debug)]
-pub struct Spanned {
+pub(crate) struct Spanned {
     traces: Traces,
     cx: Context,
     kind: Kind,
@@ -211,4 +211,4 @@ impl Drop for Spanned {
 }
 
 /// The response body of [`Trace`].
-pub type TracedBody<B> = Guarded<B, Spanned>;
+pub(crate) type TracedBody<B> = Guarded<B, Spanned>;

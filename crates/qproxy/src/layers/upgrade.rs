@@ -14,77 +14,24 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::sync::Notify;
 use tower::{Layer, Service};
 
-use crate::body::Body;
-use crate::proxy::Tunnel;
-
-/// The upgraded connections open at one time; cheap to clone.
-#[derive(Debug, Clone, Default)]
-pub struct Tunnels {
-    inner: Arc<TunnelCount>,
-}
-
-#[derive(Debug, Default)]
-struct TunnelCount {
-    open: AtomicUsize,
-    all_closed: Notify,
-}
-
-/// Counts one open tunnel until dropped.
-#[derive(Debug)]
-struct OpenTunnel(Arc<TunnelCount>);
-
-impl Drop for OpenTunnel {
-    fn drop(&mut self) {
-        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.all_closed.notify_waiters();
-        }
-    }
-}
-
-impl Tunnels {
-    /// How many tunnels are open.
-    pub fn open(&self) -> usize {
-        self.inner.open.load(Ordering::Acquire)
-    }
-
-    /// Waits until no tunnel is open.
-    pub async fn all_closed(&self) {
-        loop {
-            let notified = self.inner.all_closed.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so no wake-up is missed.
-            notified.as_mut().enable();
-            if self.open() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    fn opened(&self) -> OpenTunnel {
-        self.inner.open.fetch_add(1, Ordering::AcqRel);
-        OpenTunnel(self.inner.clone())
-    }
-}
+use crate::common::body::Body;
+use crate::common::tunnel::{Tunnel, Tunnels};
 
 /// Adds [`UpgradeHold`] to a stack.
 #[derive(Debug, Clone, Default)]
-pub struct UpgradeHoldLayer {
+pub(crate) struct UpgradeHoldLayer {
     tunnels: Tunnels,
 }
 
 impl UpgradeHoldLayer {
     /// Counts the tunnels of the stack in `tunnels`.
-    pub fn new(tunnels: Tunnels) -> Self {
+    pub(crate) fn new(tunnels: Tunnels) -> Self {
         Self { tunnels }
     }
 }
@@ -102,7 +49,7 @@ impl<S> Layer<S> for UpgradeHoldLayer {
 
 /// Keeps the body of each `101` response until its tunnel closes.
 #[derive(Debug, Clone)]
-pub struct UpgradeHold<S> {
+pub(crate) struct UpgradeHold<S> {
     inner: S,
     tunnels: Tunnels,
 }
@@ -130,7 +77,7 @@ where
 
 pin_project! {
     /// The response of [`UpgradeHold`].
-    pub struct HoldFuture<F> {
+    pub(crate) struct HoldFuture<F> {
         #[pin]
         inner: F,
         tunnels: Tunnels,

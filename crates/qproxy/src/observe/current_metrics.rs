@@ -39,8 +39,8 @@ use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicRead
 use opentelemetry_sdk::runtime::Tokio;
 
 use crate::config::{MetricsConfig, MetricsProtocol, Revision};
-use crate::observe::semconv;
 use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint, service_name};
+use crate::observe::{ExportError, Signal, semconv};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
@@ -92,7 +92,7 @@ const SIZE_BUCKETS: [f64; 15] = [
 
 /// What the HTTP instruments label a request with, taken as it arrives.
 #[derive(Debug, Clone)]
-pub struct HttpAttributes {
+pub(crate) struct HttpAttributes {
     method: &'static str,
     version: &'static str,
     host: String,
@@ -104,7 +104,7 @@ pub struct HttpAttributes {
 
 impl HttpAttributes {
     /// The attributes of `req`.
-    pub fn of<B: http_body::Body>(req: &http::Request<B>) -> Self {
+    pub(crate) fn of<B: http_body::Body>(req: &http::Request<B>) -> Self {
         let headers = req.headers();
         let (host, port) = semconv::split_host(semconv::host(req));
         let (route_tag, route_tag_value) = route_tag(headers);
@@ -147,7 +147,7 @@ fn route_tag(headers: &http::HeaderMap) -> (&'static str, Option<String>) {
 
 /// Current Knative's request metrics; cheap to clone.
 #[derive(Clone)]
-pub struct CurrentMetrics {
+pub(crate) struct CurrentMetrics {
     inner: Arc<Inner>,
 }
 
@@ -174,14 +174,6 @@ enum Backend {
     Otlp(Box<Otlp>),
 }
 
-/// Why request metrics could not be exported as configured.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot export request metrics to {endpoint:?}: {reason}")]
-pub struct ExportError {
-    endpoint: String,
-    reason: String,
-}
-
 /// The OpenTelemetry instruments, exported over OTLP.
 struct Otlp {
     provider: SdkMeterProvider,
@@ -200,7 +192,7 @@ const DEFAULT_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
 impl CurrentMetrics {
     /// The metrics of `revision`'s pod, whose app listens on `user_port`,
     /// served as Prometheus text.
-    pub fn prometheus(revision: &Revision, user_port: u16) -> Self {
+    pub(crate) fn prometheus(revision: &Revision, user_port: u16) -> Self {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in [
             (SERVER_DURATION, &DURATION_BUCKETS[..]),
@@ -241,15 +233,14 @@ impl CurrentMetrics {
     }
 
     /// The same instruments, exported over OTLP as `config` says.
-    pub fn otlp(
+    pub(crate) fn otlp(
         config: &MetricsConfig,
         revision: &Revision,
         user_port: u16,
     ) -> Result<Self, ExportError> {
         let endpoint = config.endpoint.clone().unwrap_or_default();
-        let failed = |e: opentelemetry_otlp::ExporterBuildError| ExportError {
-            endpoint: endpoint.clone(),
-            reason: e.to_string(),
+        let failed = |e: opentelemetry_otlp::ExporterBuildError| {
+            ExportError::new(Signal::Metrics, &endpoint, &e)
         };
         let exporter = match config.protocol {
             MetricsProtocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
@@ -336,7 +327,7 @@ impl CurrentMetrics {
     }
 
     /// Records a request as it reached the queue-proxy.
-    pub fn record_server(
+    pub(crate) fn record_server(
         &self,
         attributes: &HttpAttributes,
         status: u16,
@@ -366,7 +357,7 @@ impl CurrentMetrics {
 
     /// Records a request as the app handled it: the invocation, and the
     /// request to the app.
-    pub fn record_app(&self, attributes: &HttpAttributes, status: u16, duration: Duration) {
+    pub(crate) fn record_app(&self, attributes: &HttpAttributes, status: u16, duration: Duration) {
         let port = self.inner.user_port.to_string();
         let attrs = http_attributes(attributes, status, "127.0.0.1", Some(&port));
         let seconds = duration.as_secs_f64();
@@ -401,7 +392,7 @@ impl CurrentMetrics {
     }
 
     /// Sets the queue depth: the requests inside the breaker.
-    pub fn set_queue_depth(&self, depth: u32) {
+    pub(crate) fn set_queue_depth(&self, depth: u32) {
         match &self.inner.backend {
             Backend::Prometheus { queue_depth, .. } => queue_depth.set(f64::from(depth)),
             Backend::Otlp(o) => o.queue_depth.record(i64::from(depth), &[]),
@@ -409,7 +400,7 @@ impl CurrentMetrics {
     }
 
     /// The Prometheus text exposition (empty when exported over OTLP).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         match &self.inner.backend {
             Backend::Prometheus {
                 handle,
@@ -425,14 +416,14 @@ impl CurrentMetrics {
     }
 
     /// Folds recorded histogram samples into their buckets.
-    pub fn run_upkeep(&self) {
+    pub(crate) fn run_upkeep(&self) {
         if let Backend::Prometheus { handle, .. } = &self.inner.backend {
             handle.run_upkeep();
         }
     }
 
     /// Exports what is recorded and stops exporting (OTLP).
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         if let Backend::Otlp(o) = &self.inner.backend
             && let Err(e) = o.provider.shutdown()
         {

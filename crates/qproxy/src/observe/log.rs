@@ -37,7 +37,7 @@ const OUR_CRATES: [&str; 3] = [env!("CARGO_CRATE_NAME"), "breaker", "autoscaler_
 
 /// A [`Layer`] writing zap-style JSON lines.
 #[derive(Debug)]
-pub struct ZapLayer {
+pub(crate) struct ZapLayer {
     format: Format,
     max: TraceLevel,
     sampler: Option<Sampler>,
@@ -114,7 +114,7 @@ impl ZapLayer {
     /// A layer for the given format, naming the revision and pod on every
     /// line. An output file that cannot be opened is replaced by stderr; the
     /// reasons are returned for logging.
-    pub fn new(logging: &Logging, revision: &Revision) -> (Self, Vec<String>) {
+    pub(crate) fn new(logging: &Logging, revision: &Revision) -> (Self, Vec<String>) {
         let mut problems = Vec::new();
         let mut sinks: Vec<Sink> = logging
             .outputs
@@ -261,7 +261,7 @@ impl<S: Subscriber> Layer<S> for ZapLayer {
 /// Installs the JSON logger for the whole process and routes panics through
 /// it, then logs `warnings` (settings that were not honoured). Does nothing
 /// if a logger is already installed.
-pub fn init(logging: &Logging, revision: &Revision, warnings: &[String]) {
+pub(crate) fn init(logging: &Logging, revision: &Revision, warnings: &[String]) {
     let (layer, problems) = ZapLayer::new(logging, revision);
     if tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).is_err()
     {

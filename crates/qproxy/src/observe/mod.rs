@@ -1,18 +1,77 @@
 //! What qproxy tells its operators: logs, request metrics, request logs and
 //! traces.
+//!
+//! [`Observers::new`] reads which of them the configuration turns on, and
+//! for which generation of Knative; the main port's layers report to them,
+//! the user metrics port (9091) serves the metrics ([`MetricsEndpoint`]),
+//! and [`Observers::flush`] sends what the exporters still hold at exit.
 
-pub mod current_metrics;
-pub mod log;
-pub mod request_log;
-pub mod request_metrics;
-pub mod semconv;
-pub mod traces;
-pub mod zipkin;
+pub(crate) mod current_metrics;
+pub(crate) mod log;
+pub(crate) mod request_log;
+pub(crate) mod request_metrics;
+pub(crate) mod semconv;
+pub(crate) mod traces;
+pub(crate) mod zipkin;
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::task::JoinHandle;
+
+use crate::common::body::Body;
+use crate::common::reply::not_found;
+use crate::common::{Endpoint, METRICS_PATH};
+use crate::config::{Config, MetricsProtocol, Observability};
+
+use current_metrics::CurrentMetrics;
+use request_log::{RequestLog, SharedRequestLog};
+use request_metrics::RequestMetrics;
+use traces::Traces;
+
+/// An exporter the configuration asks for could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot export {signal} to {endpoint:?}: {reason}")]
+pub struct ExportError {
+    signal: Signal,
+    endpoint: String,
+    reason: String,
+}
+
+impl ExportError {
+    fn new(signal: Signal, endpoint: &str, reason: &dyn std::fmt::Display) -> Self {
+        Self {
+            signal,
+            endpoint: endpoint.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// What an exporter sends.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    Traces,
+    Metrics,
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Signal::Traces => "traces",
+            Signal::Metrics => "request metrics",
+        })
+    }
+}
 
 /// The request metrics served on the user metrics port (9091), of
 /// whichever generation started qproxy; cheap to clone.
 #[derive(Debug, Clone)]
-pub enum UserMetrics {
+pub(crate) enum UserMetrics {
     /// Classic Knative's (`SERVING_REQUEST_METRICS_BACKEND=prometheus`).
     Classic(request_metrics::RequestMetrics),
     /// Current Knative's (`requestMetrics.protocol: prometheus`).
@@ -20,8 +79,33 @@ pub enum UserMetrics {
 }
 
 impl UserMetrics {
+    /// The request metrics `config` asks for, if any: classic Knative's
+    /// Prometheus series, or current Knative's instruments, served as
+    /// Prometheus text or pushed over OTLP.
+    fn new(config: &Config) -> Result<Option<Self>, ExportError> {
+        Ok(match &config.observability {
+            o if o.classic_prometheus_metrics() => {
+                Some(UserMetrics::Classic(RequestMetrics::new(&config.revision)))
+            }
+            Observability::Current(c) => match c.request_metrics.protocol {
+                MetricsProtocol::Prometheus => Some(UserMetrics::Current(
+                    CurrentMetrics::prometheus(&config.revision, config.ports.user),
+                )),
+                MetricsProtocol::Grpc | MetricsProtocol::HttpProtobuf => {
+                    Some(UserMetrics::Current(CurrentMetrics::otlp(
+                        &c.request_metrics,
+                        &config.revision,
+                        config.ports.user,
+                    )?))
+                }
+                MetricsProtocol::None => None,
+            },
+            _ => None,
+        })
+    }
+
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         match self {
             UserMetrics::Classic(m) => m.render(),
             UserMetrics::Current(m) => m.render(),
@@ -30,7 +114,7 @@ impl UserMetrics {
 
     /// Folds recorded histogram samples into their buckets; run every
     /// [`request_metrics::UPKEEP_PERIOD`].
-    pub fn run_upkeep(&self) {
+    pub(crate) fn run_upkeep(&self) {
         match self {
             UserMetrics::Classic(m) => m.run_upkeep(),
             UserMetrics::Current(m) => m.run_upkeep(),
@@ -38,10 +122,118 @@ impl UserMetrics {
     }
 
     /// Sets the queue depth: the requests inside the breaker.
-    pub fn set_queue_depth(&self, depth: u32) {
+    pub(crate) fn set_queue_depth(&self, depth: u32) {
         match self {
             UserMetrics::Classic(m) => m.set_queue_depth(depth),
             UserMetrics::Current(m) => m.set_queue_depth(depth),
         }
+    }
+}
+
+/// Every observer of requests the configuration turns on; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Observers {
+    /// Request metrics, when kept.
+    pub(crate) request_metrics: Option<UserMetrics>,
+    /// The request log, when enabled.
+    pub(crate) request_log: Option<SharedRequestLog>,
+    /// Traces, when exported.
+    pub(crate) traces: Option<Traces>,
+}
+
+impl Observers {
+    /// The observers `config` asks for.
+    pub(crate) fn new(config: &Config) -> Result<Self, ExportError> {
+        let log = config.observability.request_log();
+        // The configuration checked the template; one that failed here
+        // would only mean no request log.
+        let request_log = match log.template() {
+            Some(Ok(template)) => Some(Arc::new(RequestLog::new(
+                template,
+                &log.template,
+                log.probes,
+                config.observability.generation(),
+                config.revision.clone(),
+            ))),
+            _ => None,
+        };
+        let traces = Traces::new(
+            &config.observability,
+            &config.revision,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, config.ports.user)),
+        )?;
+        Ok(Self {
+            request_metrics: UserMetrics::new(config)?,
+            request_log,
+            traces,
+        })
+    }
+
+    /// Starts the upkeep of the request metrics, if any: their histograms
+    /// folded every [`request_metrics::UPKEEP_PERIOD`].
+    pub(crate) fn spawn_upkeep(&self) -> Option<JoinHandle<()>> {
+        let metrics = self.request_metrics.clone()?;
+        Some(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(request_metrics::UPKEEP_PERIOD);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                ticks.tick().await;
+                metrics.run_upkeep();
+            }
+        }))
+    }
+
+    /// What the user metrics port serves.
+    pub(crate) fn metrics_endpoint(&self) -> MetricsEndpoint {
+        MetricsEndpoint {
+            request_metrics: self.request_metrics.clone(),
+        }
+    }
+
+    /// Sends what the trace and metrics exporters still hold. Their
+    /// shutdown blocks, so it runs off the runtime's threads.
+    pub(crate) async fn flush(self) {
+        let exports = tokio::task::spawn_blocking(move || {
+            if let Some(traces) = self.traces {
+                traces.shutdown();
+            }
+            if let Some(UserMetrics::Current(m)) = self.request_metrics {
+                m.shutdown();
+            }
+        });
+        let _ = exports.await;
+    }
+}
+
+/// The Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The user metrics server on 9091: the request metrics as Prometheus text
+/// (an empty exposition where none are kept).
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsEndpoint {
+    request_metrics: Option<UserMetrics>,
+}
+
+impl MetricsEndpoint {
+    fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
+        if req.uri().path() != METRICS_PATH {
+            return not_found();
+        }
+        let text = self
+            .request_metrics
+            .as_ref()
+            .map(UserMetrics::render)
+            .unwrap_or_default();
+        let mut res = Response::new(Body::full(text));
+        res.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
+        res
+    }
+}
+
+impl Endpoint for MetricsEndpoint {
+    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+        std::future::ready(self.answer(&req))
     }
 }

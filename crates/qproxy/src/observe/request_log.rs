@@ -36,7 +36,7 @@ use crate::observe::semconv;
 
 /// The request log of the main port.
 #[derive(Debug)]
-pub struct RequestLog {
+pub(crate) struct RequestLog {
     template: Template,
     /// Whether the template reads request headers beyond the user agent
     /// and referer; if not, they are not copied.
@@ -48,7 +48,7 @@ pub struct RequestLog {
 
 impl RequestLog {
     /// A log rendering `template` (parsed from `src`).
-    pub fn new(
+    pub(crate) fn new(
         template: Template,
         src: &str,
         probes: bool,
@@ -65,12 +65,16 @@ impl RequestLog {
     }
 
     /// Whether requests Knative counts as probes are logged.
-    pub fn logs_probes(&self) -> bool {
+    pub(crate) fn logs_probes(&self) -> bool {
         self.probes
     }
 
     /// What a request's line needs from the request, taken as it arrives.
-    pub fn arrived<B: http_body::Body>(&self, req: &Request<B>, remote: SocketAddr) -> Arrived {
+    pub(crate) fn arrived<B: http_body::Body>(
+        &self,
+        req: &Request<B>,
+        remote: SocketAddr,
+    ) -> Arrived {
         let headers = req.headers();
         let first = |name: http::header::HeaderName| {
             headers
@@ -107,14 +111,20 @@ impl RequestLog {
 
     /// Renders and writes the line of a request that got `status`, sent
     /// `size` body bytes and took `latency`.
-    pub fn write(&self, arrived: &Arrived, status: u16, size: u64, latency: Duration) {
+    pub(crate) fn write(&self, arrived: &Arrived, status: u16, size: u64, latency: Duration) {
         let line = self.render(arrived, status, size, latency);
         // A closed output is no reason to stop serving.
         let _ = std::io::stdout().lock().write_all(&line);
     }
 
     /// The bytes [`RequestLog::write`] writes.
-    pub fn render(&self, arrived: &Arrived, status: u16, size: u64, latency: Duration) -> Vec<u8> {
+    pub(crate) fn render(
+        &self,
+        arrived: &Arrived,
+        status: u16,
+        size: u64,
+        latency: Duration,
+    ) -> Vec<u8> {
         let input = Input {
             request: RequestView {
                 arrived,
@@ -184,7 +194,7 @@ fn trace_id(headers: &HeaderMap) -> Vec<u8> {
 
 /// What a request's log line needs, taken as it arrived.
 #[derive(Debug)]
-pub struct Arrived {
+pub(crate) struct Arrived {
     method: Method,
     uri: Uri,
     version: Version,
@@ -472,4 +482,4 @@ impl Object for RevisionView<'_> {
 }
 
 /// Shared by every connection.
-pub type SharedRequestLog = Arc<RequestLog>;
+pub(crate) type SharedRequestLog = Arc<RequestLog>;

@@ -35,7 +35,7 @@ use metrics_exporter_prometheus::{
 use crate::config::Revision;
 
 /// Knative's latency buckets, in milliseconds.
-pub const LATENCY_BUCKETS: [f64; 26] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 26] = [
     5.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 450.0,
     500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 50000.0, 100000.0,
 ];
@@ -65,13 +65,13 @@ const HELP: [(&str, &str); 5] = [
 ];
 
 /// How often histogram samples are folded into their buckets.
-pub const UPKEEP_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const UPKEEP_PERIOD: Duration = Duration::from_secs(1);
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
 /// Where a request is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// As the request reaches the queue-proxy (`revision_request_*`).
     Revision,
     /// As the request goes to the user container (`revision_app_request_*`).
@@ -80,7 +80,7 @@ pub enum Scope {
 
 /// The request metrics of one revision's pod; cheap to clone.
 #[derive(Clone)]
-pub struct RequestMetrics {
+pub(crate) struct RequestMetrics {
     inner: Arc<Inner>,
 }
 
@@ -109,14 +109,14 @@ type ByTag = HashMap<Box<str>, Arc<Series>>;
 
 /// One series pair: a count and a latency histogram.
 #[derive(Debug)]
-pub struct Series {
+pub(crate) struct Series {
     count: Counter,
     latency: Histogram,
 }
 
 impl Series {
     /// Counts one request that took `latency`.
-    pub fn record(&self, latency: Duration) {
+    pub(crate) fn record(&self, latency: Duration) {
         self.count.increment(1);
         // Whole milliseconds, as Knative records them.
         self.latency.record(latency.as_millis() as f64);
@@ -125,7 +125,7 @@ impl Series {
 
 impl RequestMetrics {
     /// The metrics of `revision`'s pod.
-    pub fn new(revision: &Revision) -> Self {
+    pub(crate) fn new(revision: &Revision) -> Self {
         let builder = PrometheusBuilder::new();
         let builder =
             [REQUEST_LATENCIES, APP_REQUEST_LATENCIES]
@@ -174,7 +174,7 @@ impl RequestMetrics {
     /// The series a request of `scope` answered with `status` (and routed
     /// by `route_tag`, for [`Scope::Revision`]) is counted in. Looking up a
     /// series in use takes a read lock and allocates nothing.
-    pub fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
+    pub(crate) fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
         let inner = &self.inner;
         match scope {
             Scope::Revision if !is_label_value(route_tag) => inner
@@ -231,7 +231,7 @@ impl RequestMetrics {
     }
 
     /// Sets the queue depth: the requests inside the breaker.
-    pub fn set_queue_depth(&self, depth: u32) {
+    pub(crate) fn set_queue_depth(&self, depth: u32) {
         let inner = &self.inner;
         let gauge = inner.queue_depth.get_or_init(|| {
             let labels = inner.labels([
@@ -246,13 +246,13 @@ impl RequestMetrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         self.inner.handle.render()
     }
 
     /// Folds recorded histogram samples into their buckets; run every
     /// [`UPKEEP_PERIOD`] so that samples do not pile up between scrapes.
-    pub fn run_upkeep(&self) {
+    pub(crate) fn run_upkeep(&self) {
         self.inner.handle.run_upkeep();
     }
 }
@@ -315,8 +315,8 @@ fn is_label_value(value: &str) -> bool {
 
 /// The route tag label of a request, as Knative names it; allocates only
 /// for a named tag.
-pub fn route_tag(headers: &http::HeaderMap) -> Cow<'static, str> {
-    use crate::headers::{KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG};
+pub(crate) fn route_tag(headers: &http::HeaderMap) -> Cow<'static, str> {
+    use crate::common::headers::{KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG};
     let tag = headers
         .get(KNATIVE_SERVING_TAG)
         .map_or(&b""[..], |v| v.as_bytes());
@@ -334,7 +334,7 @@ pub fn route_tag(headers: &http::HeaderMap) -> Cow<'static, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::header_map;
+    use crate::common::headers::header_map;
 
     fn revision() -> Revision {
         Revision {

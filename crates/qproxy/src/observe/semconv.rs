@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use http::{Method, Request, Uri, Version};
 
 /// `http.request.method`: one of the methods HTTP defines, else `_OTHER`.
-pub fn method(method: &Method) -> &'static str {
+pub(crate) fn method(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
         Method::POST => "POST",
@@ -25,7 +25,7 @@ pub fn method(method: &Method) -> &'static str {
 
 /// A server span's name: the method, or `HTTP` for one HTTP does not
 /// define.
-pub fn span_name(m: &Method) -> &'static str {
+pub(crate) fn span_name(m: &Method) -> &'static str {
     match method(m) {
         "_OTHER" => "HTTP",
         known => known,
@@ -33,7 +33,7 @@ pub fn span_name(m: &Method) -> &'static str {
 }
 
 /// `network.protocol.version`.
-pub fn protocol_version(version: Version) -> &'static str {
+pub(crate) fn protocol_version(version: Version) -> &'static str {
     match version {
         Version::HTTP_10 => "1.0",
         Version::HTTP_2 => "2",
@@ -42,7 +42,7 @@ pub fn protocol_version(version: Version) -> &'static str {
 }
 
 /// The host the client addressed: the target's authority, else `Host`.
-pub fn host<B>(req: &Request<B>) -> &str {
+pub(crate) fn host<B>(req: &Request<B>) -> &str {
     req.uri()
         .authority()
         .map(|a| a.as_str())
@@ -56,7 +56,7 @@ pub fn host<B>(req: &Request<B>) -> &str {
 
 /// `host` split into its address (without an IPv6 literal's brackets) and
 /// its port, if it has a numeric one.
-pub fn split_host(host: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_host(host: &str) -> (&str, Option<&str>) {
     match host.rsplit_once(':') {
         Some((h, p))
             if !p.is_empty()
@@ -70,7 +70,7 @@ pub fn split_host(host: &str) -> (&str, Option<&str>) {
 }
 
 /// Go's `Request.RequestURI`: the target as received; in HTTP/2, `:path`.
-pub fn request_target(uri: &Uri, version: Version) -> Cow<'_, str> {
+pub(crate) fn request_target(uri: &Uri, version: Version) -> Cow<'_, str> {
     if version == Version::HTTP_2 || uri.scheme().is_none() {
         match uri.path_and_query() {
             Some(pq) => Cow::Borrowed(pq.as_str()),

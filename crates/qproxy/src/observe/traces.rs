@@ -45,28 +45,15 @@ use opentelemetry_sdk::trace::{
 };
 
 use crate::config::{Generation, Observability, Revision, TracingBackend, TracingProtocol};
-use crate::observe::semconv;
 use crate::observe::zipkin::ZipkinExporter;
-
-/// Why tracing could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum TracesError {
-    /// The exporter could not be built from its settings.
-    #[error("cannot export traces to {endpoint:?}: {reason}")]
-    Exporter {
-        /// Where the spans were to go.
-        endpoint: String,
-        /// What went wrong.
-        reason: String,
-    },
-}
+use crate::observe::{ExportError, Signal, semconv};
 
 /// A span qproxy keeps until the request is done with.
-pub type Span = opentelemetry_sdk::trace::Span;
+pub(crate) type Span = opentelemetry_sdk::trace::Span;
 
 /// The tracer of the main port; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Traces {
+pub(crate) struct Traces {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     generation: Generation,
@@ -76,11 +63,11 @@ pub struct Traces {
 impl Traces {
     /// Tracing as `observability` asks for it, sending spans for requests
     /// to the app at `app`; `None` when tracing is off.
-    pub fn new(
+    pub(crate) fn new(
         observability: &Observability,
         revision: &Revision,
         app: SocketAddr,
-    ) -> Result<Option<Self>, TracesError> {
+    ) -> Result<Option<Self>, ExportError> {
         let (exporter, sampler, resource, delay): (Exporter, Sampling, Resource, Duration) =
             match observability {
                 Observability::Classic(c) => {
@@ -117,11 +104,9 @@ impl Traces {
                 Observability::Current(c) => {
                     let t = &c.tracing;
                     let endpoint = t.endpoint.clone().unwrap_or_default();
-                    let failed =
-                        |e: opentelemetry_otlp::ExporterBuildError| TracesError::Exporter {
-                            endpoint: endpoint.clone(),
-                            reason: e.to_string(),
-                        };
+                    let failed = |e: opentelemetry_otlp::ExporterBuildError| {
+                        ExportError::new(Signal::Traces, &endpoint, &e)
+                    };
                     let exporter = match t.protocol {
                         TracingProtocol::None | TracingProtocol::Stdout => return Ok(None),
                         TracingProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
@@ -181,19 +166,19 @@ impl Traces {
     }
 
     /// Sends the spans still buffered and stops.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         if let Err(e) = self.provider.shutdown() {
             tracing::debug!(error = %e, "trace export did not shut down cleanly");
         }
     }
 
     /// Which Knative's spans these are.
-    pub fn generation(&self) -> Generation {
+    pub(crate) fn generation(&self) -> Generation {
         self.generation
     }
 
     /// The trace context a request came with.
-    pub fn extract(&self, headers: &HeaderMap) -> Context {
+    pub(crate) fn extract(&self, headers: &HeaderMap) -> Context {
         let w3c = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
         if self.generation == Generation::Current || w3c.span().span_context().is_valid() {
             return w3c;
@@ -206,7 +191,12 @@ impl Traces {
     }
 
     /// The server span of a request, child of the context it came with.
-    pub fn server_span<B>(&self, req: &Request<B>, parent: &Context, remote: SocketAddr) -> Span {
+    pub(crate) fn server_span<B>(
+        &self,
+        req: &Request<B>,
+        parent: &Context,
+        remote: SocketAddr,
+    ) -> Span {
         let headers = req.headers();
         let user_agent = headers
             .get(http::header::USER_AGENT)
@@ -262,7 +252,7 @@ impl Traces {
 
     /// An internal span, child of `parent`: the proxying (`wait` false) or
     /// the wait for a slot (`wait` true).
-    pub fn internal_span(&self, wait: bool, parent: &Context) -> Span {
+    pub(crate) fn internal_span(&self, wait: bool, parent: &Context) -> Span {
         let name = match (self.generation, wait) {
             (Generation::Classic, false) => "queue_proxy",
             (Generation::Classic, true) => "queue_wait",
@@ -277,7 +267,7 @@ impl Traces {
 
     /// The client span of the request to the app, child of `parent`; its
     /// context is written into the request's headers.
-    pub fn client_span<B>(&self, req: &mut Request<B>, parent: &Context) -> Span {
+    pub(crate) fn client_span<B>(&self, req: &mut Request<B>, parent: &Context) -> Span {
         let url = format!("http://{}{}", self.app, path_and_query(req));
         let (name, attributes): (Cow<'static, str>, Vec<KeyValue>) = match self.generation {
             Generation::Classic => {
@@ -344,7 +334,7 @@ impl Traces {
 
     /// Ends the server or client span of `cx` with the response's
     /// `status` (`None`: the request ended without one).
-    pub fn end_http(&self, cx: &Context, status: Option<StatusCode>, client: bool) {
+    pub(crate) fn end_http(&self, cx: &Context, status: Option<StatusCode>, client: bool) {
         let span = cx.span();
         let Some(status) = status else {
             span.set_status(Status::error("no response"));

@@ -19,7 +19,7 @@ use serde_json::{Map, json};
 
 /// Sends spans to a Zipkin collector.
 #[derive(Debug)]
-pub struct ZipkinExporter {
+pub(crate) struct ZipkinExporter {
     client: HyperClient,
     endpoint: http::Uri,
     /// The local endpoint of every span: the pod.
@@ -29,7 +29,7 @@ pub struct ZipkinExporter {
 impl ZipkinExporter {
     /// Posts to `endpoint` (the full URL, as Knative's
     /// `TRACING_CONFIG_ZIPKIN_ENDPOINT`), with spans from `service` at `ip`.
-    pub fn new(endpoint: http::Uri, service: &str, ip: Option<IpAddr>) -> Self {
+    pub(crate) fn new(endpoint: http::Uri, service: &str, ip: Option<IpAddr>) -> Self {
         let mut local = Map::new();
         local.insert("serviceName".into(), service.into());
         match ip {

@@ -5,9 +5,11 @@
 use std::io;
 use std::net::SocketAddr;
 
+use crate::common::go::go_quote;
+
 /// A failure talking to the user container.
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// The connection could not be made (app not listening, ...).
     #[error("dial tcp {addr}: connect: {}", errno_text(.source))]
     Connect {
@@ -59,7 +61,7 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// Whether the app dropped the connection before answering (closed or
     /// reset it), so that a replayable request may be sent again.
-    pub fn is_dropped_connection(&self) -> bool {
+    pub(crate) fn is_dropped_connection(&self) -> bool {
         match self {
             UpstreamError::Closed => true,
             UpstreamError::Io { source, .. } => matches!(
@@ -71,7 +73,7 @@ impl UpstreamError {
     }
 
     /// Whether the failure is the client's doing, not worth an error log.
-    pub fn is_client_gone(&self) -> bool {
+    pub(crate) fn is_client_gone(&self) -> bool {
         matches!(self, UpstreamError::ClientGone)
     }
 
@@ -145,34 +147,6 @@ fn copy_io(err: &io::Error) -> io::Error {
     }
 }
 
-/// `s` quoted as Go's `%q` quotes it: printable characters as they are,
-/// `"` and `\\` escaped, control characters and invalid UTF-8 as escapes.
-fn go_quote(s: &[u8]) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for chunk in s.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                    out.push_str(&format!("\\x{:02x}", c as u32));
-                }
-                c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// The text Go prints for an OS error: the C library's message, lower-cased
 /// (`connection refused`, `connection reset by peer`, ...).
 fn errno_text(err: &io::Error) -> String {
@@ -234,11 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn quoting_follows_go() {
-        assert_eq!(go_quote(b"websocket"), r#""websocket""#);
-        assert_eq!(go_quote(b"caf\xc3\xa9"), r#""café""#);
-        assert_eq!(go_quote(b"caf\xe9"), r#""caf\xe9""#);
-        assert_eq!(go_quote(b"a\"b\\c\td\x01\x7f"), r#""a\"b\\c\td\x01\x7f""#);
+    fn an_invalid_upgrade_is_quoted_as_go_quotes_it() {
         assert_eq!(
             UpstreamError::InvalidClientUpgrade(b"x\xff".to_vec()).to_string(),
             r#"client tried to switch to invalid protocol "x\xff""#

@@ -12,7 +12,7 @@
 use http::header::{CONNECTION, HeaderName, HeaderValue, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, header};
 
-use crate::headers::{KEEP_ALIVE, PROXY_CONNECTION};
+use crate::common::headers::{KEEP_ALIVE, PROXY_CONNECTION};
 
 /// Headers that are always hop-by-hop, besides those named in `Connection`.
 const HOP_HEADERS: [HeaderName; 8] = [
@@ -32,7 +32,7 @@ const HOP_HEADERS: [HeaderName; 8] = [
 pub struct Hop {
     /// The protocol of an `Upgrade` request (`Connection: upgrade` and a
     /// non-empty `Upgrade`).
-    pub upgrade: Option<HeaderValue>,
+    pub(crate) upgrade: Option<HeaderValue>,
 }
 
 /// Removes the hop-by-hop headers of a request bound upstream and returns
@@ -66,7 +66,7 @@ pub fn prepare_response(headers: &mut HeaderMap) {
 
 /// The protocol a message asks to switch to: the first `Upgrade` value when
 /// `Connection` lists `upgrade`, and `None` otherwise (or when it is empty).
-pub fn upgrade_type(headers: &HeaderMap) -> Option<&HeaderValue> {
+pub(crate) fn upgrade_type(headers: &HeaderMap) -> Option<&HeaderValue> {
     if !contains_token(headers, &CONNECTION, "upgrade") {
         return None;
     }
@@ -106,7 +106,7 @@ fn remove_hop_headers(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
 
-    use crate::headers::header_map as headers;
+    use crate::common::headers::header_map as headers;
 
     fn names(h: &HeaderMap) -> Vec<&str> {
         let mut n: Vec<_> = h.keys().map(HeaderName::as_str).collect();

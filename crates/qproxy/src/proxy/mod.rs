@@ -10,10 +10,10 @@
 //! byte tunnel ([`tunnel`]). A failure to reach the app is `502` with Go's
 //! error text as the body, logged once.
 
-pub mod error;
-pub mod hop;
-pub mod tunnel;
-pub mod upstream;
+pub(crate) mod error;
+pub(crate) mod hop;
+pub(crate) mod tunnel;
+pub(crate) mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,22 +23,24 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, BytesMut};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use tower::Service;
 
-use crate::body::{Body, RequestBody};
-use crate::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
-use crate::layers::timeout::TunnelDeadline;
-pub use error::UpstreamError;
-pub use tunnel::Tunnel;
-pub use upstream::Upstream;
+use crate::common::body::{Body, RequestBody};
+use crate::common::headers::{
+    KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR,
+};
+use crate::common::reply::http_error;
+use crate::common::tunnel::TunnelDeadline;
+pub(crate) use error::UpstreamError;
+pub(crate) use upstream::Upstream;
 
 /// The reverse proxy for one client connection.
 #[derive(Debug, Clone)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     upstream: Arc<Upstream>,
     /// The client's IP, as appended to `X-Forwarded-For`.
     client_ip: HeaderValue,
@@ -46,7 +48,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// A proxy for requests arriving from `client`.
-    pub fn new(upstream: Arc<Upstream>, client: IpAddr) -> Self {
+    pub(crate) fn new(upstream: Arc<Upstream>, client: IpAddr) -> Self {
         // An IP address is always a valid header value.
         let client_ip = HeaderValue::try_from(client.to_canonical().to_string())
             .unwrap_or_else(|_| HeaderValue::from_static(""));
@@ -246,23 +248,7 @@ fn error_response(err: &UpstreamError) -> Response<Body> {
             "error reverse proxying request; sockstat: {sockstat}"
         );
     }
-    plain_text(StatusCode::BAD_GATEWAY, format!("{err}\n"))
-}
-
-/// A text response shaped like Go's `http.Error`.
-pub fn plain_text(status: StatusCode, text: impl Into<bytes::Bytes>) -> Response<Body> {
-    let mut res = Response::new(Body::full(text));
-    *res.status_mut() = status;
-    let headers = res.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(
-        http::header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    res
+    http_error(StatusCode::BAD_GATEWAY, format!("{err}\n"))
 }
 
 #[cfg(test)]

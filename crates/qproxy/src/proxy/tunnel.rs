@@ -11,53 +11,10 @@
 //! the request (its breaker slot, for one) until the tunnel closes, and the
 //! tunnel is closed at the request's [`TunnelDeadline`], if it has one.
 
-use std::any::Any;
-use std::sync::{Arc, Mutex, PoisonError};
-
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use crate::layers::timeout::TunnelDeadline;
-
-/// Keeps things alive for as long as an upgraded connection is open.
-///
-/// Found in the extensions of a `101` response; cloning gives another
-/// handle to the same tunnel.
-#[derive(Debug, Clone)]
-pub struct Tunnel {
-    /// `None` once the tunnel has closed.
-    kept: Arc<Mutex<Option<Kept>>>,
-}
-
-/// What a tunnel keeps alive.
-type Kept = Vec<Box<dyn Any + Send>>;
-
-impl Tunnel {
-    fn open() -> Self {
-        Tunnel {
-            kept: Arc::new(Mutex::new(Some(Vec::new()))),
-        }
-    }
-
-    /// Keeps `thing` until the tunnel closes; drops it at once if it has
-    /// closed already.
-    pub fn keep(&self, thing: impl Any + Send) {
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(kept) = kept.as_mut() {
-            kept.push(Box::new(thing));
-        }
-    }
-
-    /// Drops everything kept; later [`Tunnel::keep`]s drop at once.
-    fn close(&self) {
-        let kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        drop(kept);
-    }
-}
+use crate::common::tunnel::{Tunnel, TunnelDeadline};
 
 /// Runs the tunnel between the client and the app in its own task, and
 /// returns the handle the response carries.

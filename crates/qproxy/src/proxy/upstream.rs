@@ -28,7 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
-use crate::body::RequestBody;
+use crate::common::body::RequestBody;
 
 /// How long an idle pooled connection is kept (Go's transport default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -37,7 +37,7 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// The user container, reachable over HTTP/1.1 and h2c.
 #[derive(Debug)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
     http1: Client<Dialer, RequestBody>,
@@ -72,7 +72,7 @@ impl tower::Service<Uri> for Dialer {
 impl Upstream {
     /// Clients for the user container on `127.0.0.1:port`, keeping at most
     /// `max_idle` idle HTTP/1 connections.
-    pub fn new(port: u16, max_idle: usize) -> Self {
+    pub(crate) fn new(port: u16, max_idle: usize) -> Self {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let dialled = Arc::new(AtomicU64::new(0));
         let mut connector = HttpConnector::new();
@@ -104,19 +104,14 @@ impl Upstream {
         }
     }
 
-    /// The user container's address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// `127.0.0.1:USER_PORT`, the authority of HTTP/1 upstream URIs.
-    pub fn authority(&self) -> &Authority {
+    pub(crate) fn authority(&self) -> &Authority {
         &self.authority
     }
 
     /// Sends an HTTP/1.1 request; its URI must be absolute
     /// (`http://127.0.0.1:PORT/...`).
-    pub async fn send_http1(
+    pub(crate) async fn send_http1(
         &self,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
@@ -144,7 +139,7 @@ impl Upstream {
     /// Sends a `CONNECT` on a connection of its own, its authority-form
     /// target as the client wrote it (the pool would put the app's address
     /// there). A `2xx` answer leaves that connection to the tunnel.
-    pub async fn send_connect(
+    pub(crate) async fn send_connect(
         &self,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
@@ -165,7 +160,7 @@ impl Upstream {
 
     /// Sends an HTTP/2 request over h2c; its URI carries the `:authority`
     /// the app should see.
-    pub async fn send_h2c(
+    pub(crate) async fn send_h2c(
         &self,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {

@@ -16,7 +16,7 @@ use crate::config::GrpcAction;
 
 /// Why a gRPC probe failed.
 #[derive(Debug, thiserror::Error)]
-pub enum GrpcProbeError {
+pub(crate) enum GrpcProbeError {
     /// The port is not one.
     #[error("invalid gRPC probe port {0}")]
     Port(i32),

@@ -39,7 +39,7 @@ const MAX_REDIRECTS: usize = 10;
 
 /// Why an HTTP probe failed.
 #[derive(Debug, thiserror::Error)]
-pub enum HttpProbeError {
+pub(crate) enum HttpProbeError {
     /// The app answered, but not ready.
     #[error("HTTP probe did not respond Ready, got status code: {0}")]
     NotReady(u16),

@@ -16,8 +16,8 @@
 //! The kinds are in [`http`] (`httpGet`), [`grpc`] (`grpc`) and here
 //! (`tcpSocket`).
 
-pub mod grpc;
-pub mod http;
+pub(crate) mod grpc;
+pub(crate) mod http;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,22 +29,22 @@ use tokio::task::JoinSet;
 use crate::config::{Generation, Probe};
 
 /// Interval between the tries of an aggressive probe.
-pub const RETRY_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(50);
 /// Bound on each try of an aggressive probe.
-pub const AGGRESSIVE_TRY_TIMEOUT: Duration = Duration::from_millis(100);
+pub(crate) const AGGRESSIVE_TRY_TIMEOUT: Duration = Duration::from_millis(100);
 /// How long an aggressive probe keeps trying.
-pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on a try when `timeoutSeconds` is 0, Kubernetes' default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The `User-Agent` of every probe request: Knative's kubelet prefix,
 /// followed by an empty Kubernetes version, exactly as the Go queue-proxy
 /// sends it.
-pub const PROBE_USER_AGENT: &str = "kube-probe//";
+pub(crate) const PROBE_USER_AGENT: &str = "kube-probe//";
 
 /// Why one try of a probe failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     /// The try did not finish in time.
     #[error("probe timed out after {0:?}")]
     Timeout(Duration),
@@ -81,7 +81,7 @@ pub enum ProbeError {
 
 /// Runs the readiness probes; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     inner: Option<Arc<Prober>>,
 }
 
@@ -94,11 +94,11 @@ struct Prober {
 
 /// How the HTTP probes speak to the app.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HttpOptions {
+pub(crate) struct HttpOptions {
     /// `ENABLE_HTTP2_AUTO_DETECTION`: find out whether the app speaks h2c.
-    pub auto_detect_http2: bool,
+    pub(crate) auto_detect_http2: bool,
     /// Which Knative's way of finding that out.
-    pub generation: Generation,
+    pub(crate) generation: Generation,
 }
 
 #[derive(Debug)]
@@ -111,7 +111,7 @@ struct Check {
 
 impl Readiness {
     /// A readiness check running `probes`; with none, every check passes.
-    pub fn new(probes: Vec<Probe>, http: HttpOptions) -> Self {
+    pub(crate) fn new(probes: Vec<Probe>, http: HttpOptions) -> Self {
         if probes.is_empty() {
             return Self { inner: None };
         }
@@ -134,13 +134,13 @@ impl Readiness {
     }
 
     /// Whether there is a probe to run.
-    pub fn is_configured(&self) -> bool {
+    pub(crate) fn is_configured(&self) -> bool {
         self.inner.is_some()
     }
 
     /// Runs the probes, or joins the run under way, and tells whether the
     /// app is ready.
-    pub async fn check(&self) -> bool {
+    pub(crate) async fn check(&self) -> bool {
         let Some(prober) = &self.inner else {
             return true;
         };

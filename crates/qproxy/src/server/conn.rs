@@ -1,14 +1,12 @@
-//! Listeners and connections.
+//! Connections: how each accepted connection is set up and served.
 //!
-//! Every port is bound the way Go's `net.Listen(":port")` binds it: one
-//! dual-stack socket on `[::]` (so both the pod IP and loopback, IPv4 and
-//! IPv6, reach it), or `0.0.0.0` where the kernel has no IPv6. Each accepted
-//! connection gets `TCP_NODELAY` and keep-alive, then is served by hyper,
-//! which tells HTTP/1.1 from h2c (prior knowledge) by its first bytes.
+//! Each accepted connection gets `TCP_NODELAY` and keep-alive, then is
+//! served by hyper, which tells HTTP/1.1 from h2c (prior knowledge) by its
+//! first bytes on the main port; the small servers speak HTTP/1.1 only.
 
 use std::convert::Infallible;
-use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +16,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
-use tokio::net::{TcpListener, TcpStream};
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tower::Service;
+use tower::{Layer, Service, service_fn};
 
-/// Largest request head accepted on HTTP/1 (Go's `DefaultMaxHeaderBytes`
-/// plus the slack Go's server allows).
-pub(crate) const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
+use super::Listener;
+use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES};
+use crate::layers::server_rules::ServerRulesLayer;
+
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
 /// Concurrent streams per HTTP/2 connection (Go's default).
@@ -35,90 +34,8 @@ const ACCEPTED_KEEPALIVE: Duration = Duration::from_secs(15);
 /// Bound on reading a request head on the small admin-style servers.
 const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A port could not be listened on.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot listen on port {port} for the {name} server: {source}")]
-pub struct BindError {
-    /// Which server.
-    pub name: &'static str,
-    /// The port asked for.
-    pub port: u16,
-    /// Why.
-    #[source]
-    pub source: io::Error,
-}
-
-/// A bound, listening port.
-#[derive(Debug)]
-pub struct Listener {
-    name: &'static str,
-    tcp: TcpListener,
-    addr: SocketAddr,
-}
-
-impl Listener {
-    /// Binds `port` on all addresses, IPv4 and IPv6. Must be called within
-    /// a Tokio runtime.
-    pub fn bind(name: &'static str, port: u16) -> Result<Self, BindError> {
-        let err = |source| BindError { name, port, source };
-        let socket = match dual_stack(port) {
-            Ok(s) => s,
-            // No IPv6 in this kernel or namespace: IPv4 only, as Go falls back.
-            Err(e) if ipv6_unavailable(&e) => ipv4_only(port).map_err(err)?,
-            Err(e) => return Err(err(e)),
-        };
-        let std: std::net::TcpListener = socket.into();
-        let addr = std.local_addr().map_err(err)?;
-        let tcp = TcpListener::from_std(std).map_err(err)?;
-        Ok(Self { name, tcp, addr })
-    }
-
-    /// The server's name (`main`, `admin`, ...).
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
-    /// The bound address (`[::]:8012` or `0.0.0.0:8012`).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-fn dual_stack(port: u16) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::IPV6, Type::STREAM.nonblocking(), None)?;
-    socket.set_only_v6(false)?;
-    listen(socket, SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
-}
-
-fn ipv4_only(port: u16) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::IPV4, Type::STREAM.nonblocking(), None)?;
-    listen(socket, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
-}
-
-fn listen(socket: Socket, addr: SocketAddr) -> io::Result<Socket> {
-    // Go sets SO_REUSEADDR too: a restart must not wait for TIME_WAIT.
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(backlog())?;
-    Ok(socket)
-}
-
-fn ipv6_unavailable(e: &io::Error) -> bool {
-    const EAFNOSUPPORT: i32 = 97;
-    const EADDRNOTAVAIL: i32 = 99;
-    matches!(e.raw_os_error(), Some(EAFNOSUPPORT | EADDRNOTAVAIL))
-}
-
-/// The listen backlog Go uses: the kernel's `somaxconn`.
-fn backlog() -> i32 {
-    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(4096)
-}
-
 /// Connection settings for the main port: HTTP/1.1 and h2c.
-pub fn main_builder() -> auto::Builder<TokioExecutor> {
+pub(crate) fn main_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -139,7 +56,7 @@ pub fn main_builder() -> auto::Builder<TokioExecutor> {
 }
 
 /// Connection settings for the admin, stats and metrics ports: HTTP/1.1.
-pub fn admin_builder() -> auto::Builder<TokioExecutor> {
+pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
@@ -149,19 +66,12 @@ pub fn admin_builder() -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// What a server knows of one accepted connection.
-#[derive(Debug, Clone, Copy)]
-pub struct Conn {
-    /// The client's address (IPv4 clients of a dual-stack socket show as IPv4).
-    pub remote: SocketAddr,
-}
-
 /// Serves connections accepted on `listener` until `stop` turns true.
 ///
 /// `make` builds the service for each connection. Connections are tracked
 /// by `graceful`, whose shutdown (once every accept loop has returned and
 /// dropped its handle) lets in-flight requests finish.
-pub async fn serve<M, S, B>(
+pub(crate) async fn serve<M, S, B>(
     listener: Listener,
     builder: auto::Builder<TokioExecutor>,
     make: M,
@@ -220,6 +130,30 @@ pub async fn serve<M, S, B>(
     tracing::info!(server = listener.name, "Stopped accepting connections");
 }
 
+/// Serves one of the small servers (admin, stats, metrics, profiling) on
+/// `listener`: every request answered by `endpoint`, behind Go's server
+/// rules.
+pub(crate) fn small_server<E: Endpoint>(
+    listener: Listener,
+    endpoint: E,
+    graceful: &Arc<GracefulShutdown>,
+    stopped: &watch::Receiver<bool>,
+) -> impl Future<Output = ()> + Send + use<E> {
+    serve(
+        listener,
+        admin_builder(),
+        move |_| {
+            let endpoint = endpoint.clone();
+            ServerRulesLayer.layer(service_fn(move |req| {
+                let answer = endpoint.clone().respond(req);
+                async move { Ok::<_, Infallible>(answer.await) }
+            }))
+        },
+        graceful.clone(),
+        stopped.clone(),
+    )
+}
+
 fn tune(stream: &TcpStream) {
     let _ = stream.set_nodelay(true);
     let keepalive = TcpKeepalive::new()
@@ -252,35 +186,6 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn binds_dual_stack_and_reports_busy_ports() {
-        let first = Listener::bind("main", 0).unwrap();
-        let port = first.local_addr().port();
-        assert_ne!(port, 0);
-        let v4 = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await;
-        assert!(v4.is_ok(), "IPv4 loopback reaches the listener");
-        if first.local_addr().is_ipv6() {
-            let v6 = TcpStream::connect((Ipv6Addr::LOCALHOST, port)).await;
-            assert!(v6.is_ok(), "IPv6 loopback reaches the listener");
-        }
-        // The pod IP: the address of the interface the default route uses,
-        // when this machine has one (a UDP "connect" sends nothing).
-        let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
-        if probe.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).is_ok() {
-            let ip = probe.local_addr().unwrap().ip();
-            if !ip.is_loopback() && !ip.is_unspecified() {
-                let pod = TcpStream::connect((ip, port)).await;
-                assert!(pod.is_ok(), "the pod IP {ip} reaches the listener");
-            }
-        }
-        let err = Listener::bind("admin", port).unwrap_err();
-        assert_eq!(err.port, port);
-        assert_eq!(err.source.kind(), io::ErrorKind::AddrInUse);
-        assert!(err.to_string().starts_with(&format!(
-            "cannot listen on port {port} for the admin server: "
-        )));
-    }
 
     #[test]
     fn backoff_doubles_to_a_second() {

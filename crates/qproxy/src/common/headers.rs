@@ -5,47 +5,47 @@ use http::header::HeaderName;
 
 /// Original `Host`, set by the activator to dodge host-based routing; the
 /// queue-proxy turns it back into `Host`.
-pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host");
+pub(crate) const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host");
 /// Revision name, added by the activator for its own routing; never reaches the app.
-pub const KNATIVE_SERVING_REVISION: HeaderName =
+pub(crate) const KNATIVE_SERVING_REVISION: HeaderName =
     HeaderName::from_static("knative-serving-revision");
 /// Revision namespace, added by the activator; never reaches the app.
-pub const KNATIVE_SERVING_NAMESPACE: HeaderName =
+pub(crate) const KNATIVE_SERVING_NAMESPACE: HeaderName =
     HeaderName::from_static("knative-serving-namespace");
 /// Marks a request the activator proxied (`activator`).
-pub const K_PROXY_REQUEST: HeaderName = HeaderName::from_static("k-proxy-request");
+pub(crate) const K_PROXY_REQUEST: HeaderName = HeaderName::from_static("k-proxy-request");
 /// Network probes (`probe`) and queue health checks (`queue`).
-pub const K_NETWORK_PROBE: HeaderName = HeaderName::from_static("k-network-probe");
+pub(crate) const K_NETWORK_PROBE: HeaderName = HeaderName::from_static("k-network-probe");
 /// Hash echoed back to a network probe.
-pub const K_NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
+pub(crate) const K_NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
 /// Marks kubelet probes rewritten by a mesh.
-pub const K_KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
+pub(crate) const K_KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
 /// Route tag chosen by the ingress.
-pub const KNATIVE_SERVING_TAG: HeaderName = HeaderName::from_static("knative-serving-tag");
+pub(crate) const KNATIVE_SERVING_TAG: HeaderName = HeaderName::from_static("knative-serving-tag");
 /// Whether the ingress used the default route.
-pub const KNATIVE_SERVING_DEFAULT_ROUTE: HeaderName =
+pub(crate) const KNATIVE_SERVING_DEFAULT_ROUTE: HeaderName =
     HeaderName::from_static("knative-serving-default-route");
 
 /// RFC 7239 `Forwarded`.
-pub const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 /// De-facto `X-Forwarded-For`.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// De-facto `X-Forwarded-Proto`.
-pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// De-facto `X-Forwarded-Host`.
-pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Non-standard hop-by-hop header some clients (curl) still send.
-pub const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 /// Hop-by-hop `Keep-Alive`.
-pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// `User-Agent` prefix of kubelet probes.
-pub const KUBE_PROBE_UA_PREFIX: &[u8] = b"kube-probe/";
+pub(crate) const KUBE_PROBE_UA_PREFIX: &[u8] = b"kube-probe/";
 
 /// Whether a request is a kubelet probe, as knative.dev/networking decides:
 /// a `kube-probe/` user agent or any non-empty `K-Kubelet-Probe`.
-pub fn is_kubelet_probe(headers: &http::HeaderMap) -> bool {
+pub(crate) fn is_kubelet_probe(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::USER_AGENT)
         .is_some_and(|ua| ua.as_bytes().starts_with(KUBE_PROBE_UA_PREFIX))
@@ -55,7 +55,7 @@ pub fn is_kubelet_probe(headers: &http::HeaderMap) -> bool {
 /// Whether Knative counts a request as a probe (kept out of request
 /// metrics and, unless asked, request logs): a kubelet probe or any
 /// `K-Network-Probe`.
-pub fn is_probe(headers: &http::HeaderMap) -> bool {
+pub(crate) fn is_probe(headers: &http::HeaderMap) -> bool {
     is_kubelet_probe(headers) || headers.get(K_NETWORK_PROBE).is_some_and(|v| !v.is_empty())
 }
 

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 /// Upstream bodies are passed through frame by frame (data as the app writes
 /// it, then trailers), never collected.
 #[derive(Debug)]
-pub enum Body {
+pub(crate) enum Body {
     /// Streamed from the user container.
     Upstream(Incoming),
     /// A complete body qproxy produced (error texts, probe answers).
@@ -21,12 +21,12 @@ pub enum Body {
 
 impl Body {
     /// An empty body.
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Body::Full(None)
     }
 
     /// A body holding `data`.
-    pub fn full(data: impl Into<Bytes>) -> Self {
+    pub(crate) fn full(data: impl Into<Bytes>) -> Self {
         let data = data.into();
         Body::Full((!data.is_empty()).then_some(data))
     }
@@ -69,7 +69,7 @@ impl http_body::Body for Body {
 
 /// A request body on its way to the user container.
 #[derive(Debug)]
-pub enum RequestBody {
+pub(crate) enum RequestBody {
     /// Streamed from the client.
     Client(Incoming),
     /// No body. A request without one can be sent again.
@@ -79,7 +79,7 @@ pub enum RequestBody {
 impl RequestBody {
     /// The client's body, or [`RequestBody::Empty`] when it has none, so
     /// that the request stays replayable.
-    pub fn from_client(body: Incoming) -> Self {
+    pub(crate) fn from_client(body: Incoming) -> Self {
         if http_body::Body::is_end_stream(&body) {
             RequestBody::Empty
         } else {
@@ -119,7 +119,7 @@ impl http_body::Body for RequestBody {
 
 /// What a [`Guarded`] body's guard is told when the body is done with:
 /// whether it was sent whole.
-pub trait Settle {
+pub(crate) trait Settle {
     /// The request was answered with `status`; the body is yet to be sent.
     fn answered(&mut self, status: http::StatusCode) {
         let _ = status;
@@ -143,7 +143,7 @@ pin_project_lite::pin_project! {
     /// or is dropped, whichever comes first: what a layer holds for the
     /// life of its request (a count in flight, a measurement) lives here.
     #[derive(Debug)]
-    pub struct Guarded<B, G>
+    pub(crate) struct Guarded<B, G>
     where
         B: http_body::Body,
         G: Settle,
@@ -170,7 +170,7 @@ pin_project_lite::pin_project! {
 
 impl<B: http_body::Body, G: Settle> Guarded<B, G> {
     /// `body`, keeping `guard` until it ends.
-    pub fn new(body: B, guard: Option<G>) -> Self {
+    pub(crate) fn new(body: B, guard: Option<G>) -> Self {
         Self { body, guard }
     }
 }
@@ -222,7 +222,7 @@ impl<B: http_body::Body, G: Settle> http_body::Body for Guarded<B, G> {
 pin_project_lite::pin_project! {
     /// A response future whose guard learns the status and then goes with
     /// the body: what a layer that follows a request to its end returns.
-    pub struct GuardedFuture<F, G> {
+    pub(crate) struct GuardedFuture<F, G> {
         #[pin]
         inner: F,
         guard: Option<G>,
@@ -231,7 +231,7 @@ pin_project_lite::pin_project! {
 
 impl<F, G> GuardedFuture<F, G> {
     /// `inner`, with `guard` (if any) to follow its response.
-    pub fn new(inner: F, guard: Option<G>) -> Self {
+    pub(crate) fn new(inner: F, guard: Option<G>) -> Self {
         Self { inner, guard }
     }
 }
@@ -252,50 +252,5 @@ where
             g.answered(res.status());
         }
         Poll::Ready(Ok(res.map(|body| Guarded::new(body, guard))))
-    }
-}
-
-/// How a request ended, as Go's handlers see it: the status a request's
-/// observers (metrics, request logs) record.
-#[derive(Debug, Clone, Copy)]
-pub struct Outcome {
-    /// A `HEAD` request: its body is never sent, which is no abort.
-    head: bool,
-    status: u16,
-    /// Whether the body (if any) was sent whole.
-    complete: bool,
-}
-
-impl Outcome {
-    /// A request with `method`, not answered yet: until a response comes,
-    /// the outcome is the `502` Knative's proxy error handler gives a
-    /// request that ends without one.
-    pub fn new(method: &http::Method) -> Self {
-        Self {
-            head: method == http::Method::HEAD,
-            status: 502,
-            complete: true,
-        }
-    }
-
-    /// The request was answered with `status`.
-    pub fn answered(&mut self, status: http::StatusCode) {
-        // Go's proxy writes a 101 past the handlers, which see a 200.
-        self.status = match status.as_u16() {
-            101 => 200,
-            s => s,
-        };
-        self.complete = self.head;
-    }
-
-    /// The body was done with; `complete` if it was sent whole.
-    pub fn settle(&mut self, complete: bool) {
-        self.complete |= complete;
-    }
-
-    /// The status recorded, or `None` for a body cut off, which Go's proxy
-    /// aborts and Knative's handlers record as a `500`.
-    pub fn status(&self) -> Option<u16> {
-        self.complete.then_some(self.status)
     }
 }

@@ -1,5 +1,5 @@
-//! Health checks, network probes and the drain, where Knative's `Drainer`
-//! handles them.
+//! Health checks and network probes, answered where Knative's `Drainer`
+//! handler answers them, which also tells the drain of every other request.
 //!
 //! - A *health check* is a request whose `User-Agent` starts with
 //!   `kube-probe/` (the kubelet), `Knative-Activator-Probe` or
@@ -18,20 +18,17 @@
 //! (Knative decides by user agent alone); it is proxied, and the stats and
 //! the breaker let it pass uncounted.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{CONTENT_TYPE, HeaderValue, USER_AGENT};
+use http::header::USER_AGENT;
 use http::{HeaderMap, Request, Response, StatusCode};
-use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::body::Body;
+use crate::common::body::Body;
+use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE, KUBE_PROBE_UA_PREFIX};
+use crate::common::reply::{Answering, http_error, text};
 use crate::drain::Drainer;
-use crate::headers::{K_NETWORK_HASH, K_NETWORK_PROBE, KUBE_PROBE_UA_PREFIX};
-use crate::proxy::plain_text;
 use crate::readiness::Readiness;
 
 /// User agents whose requests are health checks, besides the kubelet's.
@@ -45,25 +42,25 @@ const QUEUE: &[u8] = b"queue";
 /// `K-Network-Probe` value of network probes.
 const PROBE: &[u8] = b"probe";
 
-/// Adds [`Drain`] to a stack.
+/// Adds [`Health`] to a stack.
 #[derive(Debug, Clone)]
-pub struct DrainLayer {
+pub(crate) struct HealthLayer {
     drainer: Drainer,
     readiness: Readiness,
 }
 
-impl DrainLayer {
+impl HealthLayer {
     /// Health checks answered from `readiness`; requests noted by `drainer`.
-    pub fn new(drainer: Drainer, readiness: Readiness) -> Self {
+    pub(crate) fn new(drainer: Drainer, readiness: Readiness) -> Self {
         Self { drainer, readiness }
     }
 }
 
-impl<S> Layer<S> for DrainLayer {
-    type Service = Drain<S>;
+impl<S> Layer<S> for HealthLayer {
+    type Service = Health<S>;
 
-    fn layer(&self, inner: S) -> Drain<S> {
-        Drain {
+    fn layer(&self, inner: S) -> Health<S> {
+        Health {
             inner,
             drainer: self.drainer.clone(),
             readiness: self.readiness.clone(),
@@ -73,7 +70,7 @@ impl<S> Layer<S> for DrainLayer {
 
 /// Answers health checks and network probes; see the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Drain<S> {
+pub(crate) struct Health<S> {
     inner: S,
     drainer: Drainer,
     readiness: Readiness,
@@ -100,48 +97,34 @@ fn kind(headers: &HeaderMap) -> Kind {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Drain<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Health<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: From<Body>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = DrainFuture<S::Future>;
+    type Future = Answering<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let answer = match kind(req.headers()) {
+        match kind(req.headers()) {
             Kind::Other => {
                 self.drainer.request_arrived();
-                return DrainFuture::Inner {
-                    inner: self.inner.call(req),
-                };
+                Answering::inner(self.inner.call(req))
             }
-            _ if self.drainer.is_draining() => Answer::Now(plain_text(
+            _ if self.drainer.is_draining() => Answering::now(http_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting down\n",
             )),
-            Kind::NetworkProbe => Answer::Now(network_probe(req.headers())),
+            Kind::NetworkProbe => Answering::now(network_probe(req.headers())),
             Kind::HealthCheck => health_check(req.headers(), &self.readiness),
-        };
-        match answer {
-            Answer::Now(res) => DrainFuture::Now { res: Some(res) },
-            Answer::Probe(check) => DrainFuture::Probe { check },
         }
     }
 }
-
-/// An answer made here.
-enum Answer {
-    Now(Response<Body>),
-    Probe(ReadinessCheck),
-}
-
-type ReadinessCheck = Pin<Box<dyn Future<Output = bool> + Send>>;
 
 /// `200` echoing `K-Network-Hash`, or `400` without one.
 fn network_probe(headers: &HeaderMap) -> Response<Body> {
@@ -151,7 +134,7 @@ fn network_probe(headers: &HeaderMap) -> Response<Body> {
             res.headers_mut().insert(K_NETWORK_HASH, hash.clone());
             res
         }
-        None => plain_text(
+        None => http_error(
             StatusCode::BAD_REQUEST,
             "a probe request must contain a non-empty \"K-Network-Hash\" header\n",
         ),
@@ -159,7 +142,7 @@ fn network_probe(headers: &HeaderMap) -> Response<Body> {
 }
 
 /// Knative's probe handler.
-fn health_check(headers: &HeaderMap, readiness: &Readiness) -> Answer {
+fn health_check<F>(headers: &HeaderMap, readiness: &Readiness) -> Answering<F> {
     let probe = headers
         .get(K_NETWORK_PROBE)
         .map_or(&b""[..], |v| v.as_bytes());
@@ -167,23 +150,24 @@ fn health_check(headers: &HeaderMap, readiness: &Readiness) -> Answer {
         let mut text = BytesMut::from(&b"unexpected probe header value: "[..]);
         text.put_slice(probe);
         text.put_u8(b'\n');
-        return Answer::Now(plain_text(StatusCode::BAD_REQUEST, text.freeze()));
+        return Answering::now(http_error(StatusCode::BAD_REQUEST, text.freeze()));
     }
     if !readiness.is_configured() {
-        return Answer::Now(ready());
+        return Answering::now(ready());
     }
     let readiness = readiness.clone();
-    Answer::Probe(Box::pin(async move { readiness.check().await }))
+    Answering::later(async move {
+        if readiness.check().await {
+            ready()
+        } else {
+            not_ready()
+        }
+    })
 }
 
 /// `200 queue`, as Go writes it (sniffed content type, no `nosniff`).
 fn ready() -> Response<Body> {
-    let mut res = Response::new(Body::full(Bytes::from_static(QUEUE)));
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    res
+    text(StatusCode::OK, Bytes::from_static(QUEUE))
 }
 
 /// An empty `503`: the user container is not ready.
@@ -193,47 +177,11 @@ fn not_ready() -> Response<Body> {
     res
 }
 
-pin_project! {
-    /// The response of [`Drain`].
-    #[project = DrainProj]
-    pub enum DrainFuture<F> {
-        /// The request goes on.
-        Inner { #[pin] inner: F },
-        /// Answered here at once.
-        Now { res: Option<Response<Body>> },
-        /// Answered once the readiness check is done.
-        Probe { check: ReadinessCheck },
-    }
-}
-
-impl<F, B, E> Future for DrainFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: From<Body>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let res = match self.project() {
-            DrainProj::Inner { inner } => return inner.poll(cx),
-            DrainProj::Now { res } => res.take().unwrap_or_else(not_ready),
-            DrainProj::Probe { check } => {
-                if std::task::ready!(check.as_mut().poll(cx)) {
-                    ready()
-                } else {
-                    not_ready()
-                }
-            }
-        };
-        Poll::Ready(Ok(res.map(B::from)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use crate::headers::header_map as headers;
+    use crate::common::headers::header_map as headers;
 
     #[test]
     fn tells_health_checks_by_user_agent_alone() {

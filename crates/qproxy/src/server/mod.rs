@@ -1,0 +1,266 @@
+//! The sidecar's servers: the main port and the small ones beside it, the
+//! state behind them, and how they start and stop.
+//!
+//! A [`Server`] binds every port first, so that a port in use stops the
+//! start before anything is served. [`Server::run`] then goes through
+//! three steps, each a function of this module: it builds the shared state
+//! from the configuration (`build`), spawns the servers and the background
+//! loops (`spawn`), and, once told to stop, takes the drain's way out
+//! (`Running::shut_down`).
+
+mod conn;
+mod listener;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+pub use listener::BindError;
+pub(crate) use listener::Listener;
+
+use crate::admin::Admin;
+use crate::common::tunnel::Tunnels;
+use crate::config::Config;
+use crate::drain::{Drainer, Shutdown};
+use crate::layers::concurrency;
+use crate::observe::{ExportError, Observers};
+use crate::profiling::{self, Profiling};
+use crate::proxy::Upstream;
+use crate::readiness::{HttpOptions, Readiness};
+use crate::stack::{self, Shared};
+use crate::stats::{self, REPORTING_PERIOD, StatsEndpoint};
+use conn::{main_builder, serve, small_server};
+
+/// A queue-proxy whose ports are bound, ready to serve.
+#[derive(Debug)]
+pub struct Server {
+    config: Arc<Config>,
+    main: Listener,
+    admin: Listener,
+    stats: Listener,
+    metrics: Option<Listener>,
+    profiling: Option<Listener>,
+}
+
+/// The addresses a [`Server`] listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Addrs {
+    /// Main proxy port.
+    pub main: SocketAddr,
+    /// Admin port.
+    pub admin: SocketAddr,
+    /// Autoscaler stats port.
+    pub stats: SocketAddr,
+    /// User metrics port, when request metrics are served as Prometheus.
+    pub metrics: Option<SocketAddr>,
+    /// Profiling port, when profiling is on.
+    pub profiling: Option<SocketAddr>,
+}
+
+impl Server {
+    /// Binds every port the configuration asks for. Must be called within a
+    /// Tokio runtime.
+    pub fn bind(config: Config) -> Result<Self, BindError> {
+        let ports = config.ports;
+        Ok(Self {
+            main: Listener::bind("main", ports.main)?,
+            admin: Listener::bind("admin", ports.admin)?,
+            stats: Listener::bind("stats", ports.stats)?,
+            metrics: if config.observability.prometheus_metrics() {
+                Some(Listener::bind("metrics", ports.metrics)?)
+            } else {
+                None
+            },
+            profiling: if config.observability.profiling() {
+                Some(Listener::bind("profile", ports.profiling)?)
+            } else {
+                None
+            },
+            config: Arc::new(config),
+        })
+    }
+
+    /// Where the server listens.
+    pub fn addrs(&self) -> Addrs {
+        Addrs {
+            main: self.main.local_addr(),
+            admin: self.admin.local_addr(),
+            stats: self.stats.local_addr(),
+            metrics: self.metrics.as_ref().map(Listener::local_addr),
+            profiling: self.profiling.as_ref().map(Listener::local_addr),
+        }
+    }
+
+    /// Serves until `shutdown` completes, then drains: health checks fail,
+    /// requests are served until the quiet period passes without one, the
+    /// listeners close, the requests in flight finish, and upgraded
+    /// connections get a bounded grace period.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ExportError> {
+        let parts = build(&self.config)?;
+        let running = spawn(self, parts);
+        shutdown.await;
+        running.shut_down().await;
+        Ok(())
+    }
+}
+
+/// The state behind the servers, built from the configuration.
+struct Parts {
+    /// What every connection of the main port shares.
+    main: Shared,
+    /// The latest autoscaler `Stat`.
+    reporter: Arc<Reporter>,
+    /// The admin server's drain hook.
+    admin: Admin,
+    /// The way out.
+    shutdown: Shutdown,
+}
+
+/// Builds the state behind the servers from `config`.
+fn build(config: &Config) -> Result<Parts, ExportError> {
+    let clock = MonotonicClock::new();
+    let drainer = Drainer::new(config.drain.quiet);
+    let tunnels = Tunnels::default();
+    let (terminate, terminating) = watch::channel(false);
+    let generation = config.observability.generation();
+    let main = Shared {
+        upstream: Arc::new(Upstream::new(
+            config.ports.user,
+            config.upstream_idle_connections(),
+        )),
+        breaker: concurrency::breaker(config.container_concurrency),
+        timeouts: config.timeouts,
+        generation,
+        stats: Arc::new(RequestStats::new(clock.now())),
+        clock,
+        drainer: drainer.clone(),
+        readiness: Readiness::new(
+            config.readiness_probes.clone(),
+            HttpOptions {
+                auto_detect_http2: config.features.http2_auto_detection,
+                generation,
+            },
+        ),
+        tunnels: tunnels.clone(),
+        observers: Observers::new(config)?,
+    };
+    let reporter = Arc::new(Reporter::new(
+        config.revision.pod.clone(),
+        clock.now(),
+        REPORTING_PERIOD.as_secs_f64(),
+    ));
+    Ok(Parts {
+        main,
+        reporter,
+        admin: Admin {
+            drainer: drainer.clone(),
+            terminating,
+        },
+        shutdown: Shutdown {
+            drainer,
+            terminate,
+            tunnels,
+            upgraded: config.drain.upgraded,
+        },
+    })
+}
+
+/// The servers and loops that run, and what stops them.
+struct Running {
+    servers: JoinSet<()>,
+    /// The stats reporting and the metrics upkeep, stopped with the servers.
+    loops: Vec<JoinHandle<()>>,
+    graceful: Arc<GracefulShutdown>,
+    stop: watch::Sender<bool>,
+    shutdown: Shutdown,
+    observers: Observers,
+}
+
+/// Starts serving every port of `server`, and the background loops.
+fn spawn(server: Server, parts: Parts) -> Running {
+    let Parts {
+        main,
+        reporter,
+        admin,
+        shutdown,
+    } = parts;
+    let config = &server.config;
+    tracing::info!(
+        revision = %config.revision.name,
+        user_port = config.ports.user,
+        container_concurrency = config.container_concurrency,
+        "Starting queue-proxy"
+    );
+    let graceful = Arc::new(GracefulShutdown::new());
+    let (stop, stopped) = watch::channel(false);
+    let observers = main.observers.clone();
+    let mut loops = vec![tokio::spawn(stats::report_every_period(
+        main.stats.clone(),
+        main.clock,
+        reporter.clone(),
+    ))];
+    loops.extend(observers.spawn_upkeep());
+
+    let mut servers = JoinSet::new();
+    servers.spawn(serve(
+        server.main,
+        main_builder(),
+        move |conn| stack::main_service(&main, conn),
+        graceful.clone(),
+        stopped.clone(),
+    ));
+    let (g, s) = (&graceful, &stopped);
+    servers.spawn(small_server(server.admin, admin, g, s));
+    servers.spawn(small_server(server.stats, StatsEndpoint { reporter }, g, s));
+    if let Some(listener) = server.metrics {
+        servers.spawn(small_server(listener, observers.metrics_endpoint(), g, s));
+    }
+    if let Some(listener) = server.profiling {
+        tracing::info!("Profiling enabled: true");
+        profiling::prepare_temp_dir();
+        servers.spawn(small_server(listener, Profiling::default(), g, s));
+    }
+    Running {
+        servers,
+        loops,
+        graceful,
+        stop,
+        shutdown,
+        observers,
+    }
+}
+
+impl Running {
+    /// Takes the drain's way out (see [`Shutdown`]), closing the servers
+    /// when the drain is done, then sends what the exporters hold.
+    async fn shut_down(self) {
+        let Running {
+            mut servers,
+            loops,
+            graceful,
+            stop,
+            shutdown,
+            observers,
+        } = self;
+        let close = async move {
+            let _ = stop.send(true);
+            while servers.join_next().await.is_some() {}
+            for task in loops {
+                task.abort();
+            }
+            // Every accept loop has returned and dropped its handle: what
+            // is left is the connections, whose requests may finish.
+            if let Some(graceful) = Arc::into_inner(graceful) {
+                graceful.shutdown().await;
+            }
+        };
+        shutdown.run(close).await;
+        observers.flush().await;
+        tracing::info!("Shutdown complete, exiting...");
+    }
+}
