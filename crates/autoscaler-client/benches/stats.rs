@@ -2,6 +2,10 @@
 //! sharded recorder and with a recorder behind one mutex, as Knative's, in
 //! the same run, on 1 and 2 threads; and encoding the `Stat` message.
 
+// criterion_group! declares an undocumented public function; a benchmark
+// may unwrap, as a test does.
+#![allow(missing_docs, clippy::unwrap_used)]
+
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Instant;

@@ -92,9 +92,7 @@ where
                     in_flight = breaker.in_flight(),
                     "pending request queue full"
                 );
-                return ResponseFuture::Rejected {
-                    res: Some((self.reject)(full)),
-                };
+                return ResponseFuture::rejected((self.reject)(full));
             }
         };
         if let Some(permit) = acquire.now() {
@@ -105,32 +103,55 @@ where
         // leave a fresh clone for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::Waiting {
-            acquire,
-            next: Some((inner, req)),
-        }
+        ResponseFuture::waiting(acquire, inner, req)
     }
 }
 
 pin_project! {
     /// The response of a [`BreakerService`].
-    #[project = ResponseFutureProj]
-    pub enum ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
     {
-        /// Refused at admission.
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        // Refused at admission.
         Rejected { res: Option<S::Response> },
-        /// Admitted, waiting for a slot.
+        // Admitted, waiting for a slot.
         Waiting { acquire: Acquire, next: Option<(S, Req)> },
-        /// Holding a slot (or exempt), waiting for the inner service.
+        // Holding a slot (or exempt), waiting for the inner service.
         Called { #[pin] fut: S::Future, permit: Option<Permit> },
     }
 }
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    fn rejected(res: S::Response) -> Self {
+        let res = Some(res);
+        ResponseFuture {
+            state: State::Rejected { res },
+        }
+    }
+
+    fn waiting(acquire: Acquire, inner: S, req: Req) -> Self {
+        let next = Some((inner, req));
+        ResponseFuture {
+            state: State::Waiting { acquire, next },
+        }
+    }
+
     fn called(fut: S::Future, permit: Option<Permit>) -> Self {
-        ResponseFuture::Called { fut, permit }
+        ResponseFuture {
+            state: State::Called { fut, permit },
+        }
     }
 }
 
@@ -142,14 +163,14 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
-            match self.as_mut().project() {
-                ResponseFutureProj::Rejected { res } => {
+            match self.as_mut().project().state.project() {
+                StateProj::Rejected { res } => {
                     return match res.take() {
                         Some(res) => Poll::Ready(Ok(res.map(PermitBody::new))),
                         None => Poll::Pending,
                     };
                 }
-                ResponseFutureProj::Waiting { acquire, next } => {
+                StateProj::Waiting { acquire, next } => {
                     let permit = std::task::ready!(Pin::new(acquire).poll(cx));
                     let Some((mut inner, req)) = next.take() else {
                         return Poll::Pending;
@@ -157,7 +178,7 @@ where
                     let fut = inner.call(req);
                     self.set(ResponseFuture::called(fut, Some(permit)));
                 }
-                ResponseFutureProj::Called { fut, permit } => {
+                StateProj::Called { fut, permit } => {
                     let res = std::task::ready!(fut.poll(cx))?;
                     let permit = permit.take();
                     return Poll::Ready(Ok(res.map(|body| PermitBody { body, permit })));

@@ -440,7 +440,7 @@ fn float_f(f: f64, precision: usize, spec: Spec) -> String {
 }
 
 /// Go's `strconv.Quote`.
-pub fn quote(v: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn quote(v: &[u8], out: &mut Vec<u8>) {
     out.push(b'"');
     let mut rest = v;
     while !rest.is_empty() {
@@ -480,7 +480,7 @@ pub fn quote(v: &[u8], out: &mut Vec<u8>) {
 
 /// Go's `unicode.IsPrint`: letters, marks, numbers, punctuation, symbols
 /// and the ASCII space.
-pub fn is_print(c: char) -> bool {
+pub(crate) fn is_print(c: char) -> bool {
     use unicode_general_category::{GeneralCategory as G, get_general_category};
     if c == ' ' {
         return true;

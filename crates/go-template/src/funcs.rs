@@ -253,7 +253,7 @@ fn order(a: &Value<'_>, b: &Value<'_>) -> Result<Option<Ordering>, String> {
 }
 
 /// Go's `template.HTMLEscape`.
-pub fn html(s: &[u8]) -> Vec<u8> {
+pub(crate) fn html(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
     for &b in s {
         match b {
@@ -270,7 +270,7 @@ pub fn html(s: &[u8]) -> Vec<u8> {
 }
 
 /// Go's `template.JSEscape`.
-pub fn js(s: &[u8]) -> Vec<u8> {
+pub(crate) fn js(s: &[u8]) -> Vec<u8> {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;
@@ -321,7 +321,7 @@ pub fn js(s: &[u8]) -> Vec<u8> {
 }
 
 /// Go's `url.QueryEscape`.
-pub fn urlquery(s: &[u8]) -> Vec<u8> {
+pub(crate) fn urlquery(s: &[u8]) -> Vec<u8> {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = Vec::with_capacity(s.len());
     for &b in s {
