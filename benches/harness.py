@@ -11,6 +11,7 @@ Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, perf, taskset.
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -114,26 +115,20 @@ def build(args):
 
 
 def knative_env(user_port, main_port, cc=0, metrics=True):
-    env = {
-        "SERVING_NAMESPACE": "default",
-        "SERVING_SERVICE": "hello",
-        "SERVING_CONFIGURATION": "hello",
-        "SERVING_REVISION": "hello-00001",
+    """A default Knative revision's sidecar environment (the file qproxy's
+    tests and the conformance runner read), on the harness's ports."""
+    with open(os.path.join(ROOT, "crates", "qproxy", "knative-env.json")) as f:
+        env = json.load(f)["classic"]
+    env.update({
         "SERVING_POD": "hello-00001-deployment-bench",
-        "SERVING_POD_IP": "127.0.0.1",
         "QUEUE_SERVING_PORT": str(main_port),
         "QUEUE_SERVING_TLS_PORT": str(free_port()),
         "USER_PORT": str(user_port),
         "CONTAINER_CONCURRENCY": str(cc),
-        "REVISION_TIMEOUT_SECONDS": "300",
-        "SERVING_LOGGING_CONFIG": "",
-        "SERVING_LOGGING_LEVEL": "",
         "SERVING_READINESS_PROBE": '{"tcpSocket":{"port":%d,"host":"127.0.0.1"},"successThreshold":1}' % user_port,
         "SERVING_REQUEST_METRICS_BACKEND": "prometheus" if metrics else "",
-        "TRACING_CONFIG_BACKEND": "none",
-        "SYSTEM_NAMESPACE": "knative-serving",
         "PATH": os.environ.get("PATH", ""),
-    }
+    })
     return env
 
 

@@ -327,52 +327,23 @@ impl Config {
     }
 }
 
+/// Knative's default environment, shared with the Go and Python tools
+/// (`crates/qproxy/knative-env.json`).
+const KNATIVE_ENV: &str = include_str!("../../knative-env.json");
+
 /// The variables a Knative reconciler sets, with the values of a default
-/// install; handy for tests and the demo.
+/// install (classic Knative) and the app on `user_port`; for tests and the
+/// demo.
 pub fn knative_defaults(user_port: u16) -> Vars {
-    Vars::from_pairs([
-        ("SERVING_NAMESPACE", "default".to_owned()),
-        ("SERVING_SERVICE", "hello".to_owned()),
-        ("SERVING_CONFIGURATION", "hello".to_owned()),
-        ("SERVING_REVISION", "hello-00001".to_owned()),
-        (
-            "SERVING_POD",
-            "hello-00001-deployment-6d8d4bd5b-x7k2p".to_owned(),
-        ),
-        ("SERVING_POD_IP", "127.0.0.1".to_owned()),
-        ("QUEUE_SERVING_PORT", "8012".to_owned()),
-        ("QUEUE_SERVING_TLS_PORT", "8112".to_owned()),
-        ("USER_PORT", user_port.to_string()),
-        ("CONTAINER_CONCURRENCY", "0".to_owned()),
-        ("REVISION_TIMEOUT_SECONDS", "300".to_owned()),
-        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".to_owned()),
-        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".to_owned()),
-        ("SERVING_LOGGING_CONFIG", String::new()),
-        ("SERVING_LOGGING_LEVEL", "info".to_owned()),
-        ("SERVING_READINESS_PROBE", String::new()),
-        ("ENABLE_HTTP2_AUTO_DETECTION", "false".to_owned()),
-        ("ENABLE_HTTP_FULL_DUPLEX", "false".to_owned()),
-        ("ENABLE_MULTI_CONTAINER_PROBES", "false".to_owned()),
-        ("SYSTEM_NAMESPACE", "knative-serving".to_owned()),
-        ("ROOT_CA", String::new()),
-        (
-            "SERVING_REQUEST_LOG_TEMPLATE",
-            DEFAULT_REQUEST_LOG_TEMPLATE.to_owned(),
-        ),
-        ("SERVING_ENABLE_REQUEST_LOG", "false".to_owned()),
-        ("SERVING_ENABLE_PROBE_REQUEST_LOG", "false".to_owned()),
-        ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".to_owned()),
-        (
-            "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
-            "5".to_owned(),
-        ),
-        ("METRICS_COLLECTOR_ADDRESS", String::new()),
-        ("TRACING_CONFIG_BACKEND", "none".to_owned()),
-        ("TRACING_CONFIG_ZIPKIN_ENDPOINT", String::new()),
-        ("TRACING_CONFIG_DEBUG", "false".to_owned()),
-        ("TRACING_CONFIG_SAMPLE_RATE", "0.1".to_owned()),
-        ("ENABLE_PROFILING", "false".to_owned()),
-    ])
+    #[derive(serde::Deserialize)]
+    struct File {
+        classic: std::collections::HashMap<String, String>,
+    }
+    // The file is part of the build, and a unit test reads it.
+    let file: File = serde_json::from_str(KNATIVE_ENV).expect("knative-env.json is a valid file");
+    let mut vars = Vars::from_pairs(file.classic);
+    vars.set("USER_PORT", user_port.to_string());
+    vars
 }
 
 #[cfg(test)]
@@ -381,6 +352,18 @@ mod tests {
 
     fn defaults() -> Vars {
         knative_defaults(8080)
+    }
+
+    #[test]
+    fn the_shared_defaults_carry_knative_s_request_log_template() {
+        let vars = defaults();
+        let template = vars
+            .iter()
+            .find(|(k, _)| *k == "SERVING_REQUEST_LOG_TEMPLATE");
+        assert_eq!(
+            template,
+            Some(("SERVING_REQUEST_LOG_TEMPLATE", DEFAULT_REQUEST_LOG_TEMPLATE))
+        );
     }
 
     #[test]

@@ -1,0 +1,267 @@
+//! Request metrics on the user metrics port (9091), both generations: a
+//! known mix of requests, scraped, checked for counts, labels and bucket
+//! placement. (`tests/e2e` compares the exposition with what Knative's Go
+//! queue-proxy serves for the same traffic.)
+
+use qproxy_test_support::*;
+
+/// The revision of these tests: `containerConcurrency` 2, so that the
+/// breaker's queue depth is measured.
+fn env(app: &App) -> Vec<(String, String)> {
+    with_vars(knative_env(app.port()), &[("CONTAINER_CONCURRENCY", "2")])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn counts_labels_and_buckets_of_a_known_mix() {
+    let app = App::varied().await;
+    let qp = QProxy::start_env(&env(&app));
+    let port = qp.metrics.expect("the metrics port");
+    assert_eq!(scrape(port).await, "", "nothing before the first request");
+    play_metrics_mix(qp.main).await;
+    let text = scrape_until(
+        port,
+        &format!(
+            "{} 1",
+            classic_series("revision_request_count", 200, Some("blue"), "")
+        ),
+    )
+    .await;
+    let has = |line: String| assert!(text.lines().any(|l| l == line), "no {line} in {text}");
+    has(format!(
+        "{} 4",
+        classic_series("revision_request_count", 200, Some("DISABLED"), "")
+    ));
+    has(format!(
+        "{} 2",
+        classic_series("revision_request_count", 500, Some("DISABLED"), "")
+    ));
+    has(format!(
+        "{} 5",
+        classic_series("revision_app_request_count", 200, None, "")
+    ));
+    has(format!(
+        "{} 2",
+        classic_series("revision_app_request_count", 500, None, "")
+    ));
+    // The three fast 200s are under 250 ms, the slow one is not.
+    let bucket = |le: &str| {
+        classic_series(
+            "revision_request_latencies_bucket",
+            200,
+            Some("DISABLED"),
+            &format!(",le=\"{le}\""),
+        )
+    };
+    has(format!("{} 3", bucket("250")));
+    has(format!("{} 4", bucket("+Inf")));
+    has(format!(
+        "{} 4",
+        classic_series(
+            "revision_request_latencies_count",
+            200,
+            Some("DISABLED"),
+            ""
+        )
+    ));
+    // Last taken by the `K-Kubelet-Probe` request, which skips the breaker.
+    has(format!(
+        "revision_queue_depth{{{REVISION_LABELS},response_code=\"\",response_code_class=\"\",revision_name=\"hello-00001\",service_name=\"hello\"}} 0"
+    ));
+    let sum: f64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&classic_series(
+                "revision_request_latencies_sum",
+                200,
+                Some("DISABLED"),
+                "",
+            ))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a latency sum");
+    assert!(sum >= SLOW.as_millis() as f64, "sum {sum}");
+    assert!(!text.contains("probe"), "probes are not measured");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_queue_depth_counts_the_requests_in_the_breaker() {
+    let (app, mut arrived) = App::holding("held").await;
+    let qp = QProxy::start_env(&env(&app));
+    let main = qp.main;
+    let held: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { text(h1(main, get("/", &[])).await).await }))
+        .collect();
+    let mut releases = vec![
+        within("the first request", arrived.recv()).await.unwrap(),
+        within("the second request", arrived.recv()).await.unwrap(),
+    ];
+    // Each request takes the depth as it passes, so the two above may
+    // leave 1 (the first, passing last). A kubelet probe skips the breaker
+    // and takes it with both in.
+    let probe =
+        tokio::spawn(
+            async move { text(h1(main, get("/", &[("K-Kubelet-Probe", "1")])).await).await },
+        );
+    releases.push(within("the probe", arrived.recv()).await.unwrap());
+    let depth = format!(
+        "revision_queue_depth{{{REVISION_LABELS},response_code=\"\",response_code_class=\"\",revision_name=\"hello-00001\",service_name=\"hello\"}} 2"
+    );
+    scrape_until(qp.metrics.expect("the metrics port"), &depth).await;
+    for release in releases {
+        release.send(()).unwrap();
+    }
+    for h in held.into_iter().chain([probe]) {
+        assert_eq!(h.await.unwrap(), "held");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_request_counts_as_its_504_and_the_app_side_as_502() {
+    let (app, mut arrived) = App::holding("late").await;
+    let mut env = env(&app);
+    env.retain(|(k, _)| k != "REVISION_TIMEOUT_SECONDS");
+    env.push(("REVISION_TIMEOUT_SECONDS".to_owned(), "1".to_owned()));
+    let qp = QProxy::start_env(&env);
+    let main = qp.main;
+    let request = tokio::spawn(async move { h1(main, get("/", &[])).await.status() });
+    let _release = within("the request", arrived.recv()).await.unwrap();
+    assert_eq!(within("the timeout", request).await.unwrap(), 504);
+    let port = qp.metrics.expect("the metrics port");
+    let text = scrape_until(
+        port,
+        &format!(
+            "{} 1",
+            classic_series("revision_request_count", 504, Some("DISABLED"), "")
+        ),
+    )
+    .await;
+    let app_side = format!(
+        "{} 1",
+        classic_series("revision_app_request_count", 502, None, "")
+    );
+    assert!(
+        text.lines().any(|l| l == app_side),
+        "no {app_side} in {text}"
+    );
+}
+
+/// Current Knative's exposition for a request to `qproxy`'s app: the HTTP
+/// instruments' labels for `host`, `method`, `status` and `tag`.
+fn http_labels(method: &str, status: u16, tag: &str, address: &str, port: u16) -> String {
+    format!(
+        "http_request_method=\"{method}\",http_response_status_code=\"{status}\",kn_route_tag=\"{tag}\",network_protocol_name=\"http\",network_protocol_version=\"1.1\",otel_scope_name=\"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp\",otel_scope_schema_url=\"\",otel_scope_version=\"0.69.0\",server_address=\"{address}\",server_port=\"{port}\",url_scheme=\"http\""
+    )
+}
+
+const QUEUE_SCOPE: &str = "otel_scope_name=\"knative.dev/serving/pkg/queue\",otel_scope_schema_url=\"\",otel_scope_version=\"\"";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn current_knative_s_instruments_in_prometheus_text() {
+    let app = App::varied().await;
+    let mut env = env(&app);
+    env.push((
+        "OBSERVABILITY_CONFIG".to_owned(),
+        r#"{"requestMetrics":{"protocol":"prometheus"}}"#.to_owned(),
+    ));
+    let qp = QProxy::start_env(&env);
+    let host = [("Host", "hello.example.com:8080")];
+    for path in ["/ok", "/ok", "/fail"] {
+        h1(qp.main, get(path, &host)).await;
+    }
+    h1(
+        qp.main,
+        get("/ok", &[host[0], ("Knative-Serving-Tag", "blue")]),
+    )
+    .await;
+    kubelet_health(qp.main).await;
+    let mut post = get("/ok", &host);
+    *post.method_mut() = http::Method::POST;
+    *post.body_mut() = full("twelve bytes");
+    h1(qp.main, post).await;
+
+    let port = qp.metrics.expect("the metrics port");
+    let invocations = format!(
+        "kn_serving_invocation_duration_seconds_count{{http_response_status_code=\"200\",{QUEUE_SCOPE}}} 4"
+    );
+    let text = scrape_until(port, &invocations).await;
+    let has = |line: String| assert!(text.lines().any(|l| l == line), "no {line} in {text}");
+    let server = |method, status, tag| http_labels(method, status, tag, "hello.example.com", 8080);
+    let user_port = app.port();
+    let client = |method, status, tag| http_labels(method, status, tag, "127.0.0.1", user_port);
+    has(format!(
+        "http_server_request_duration_seconds_count{{{}}} 2",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_duration_seconds_count{{{}}} 1",
+        server("GET", 500, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_duration_seconds_count{{{}}} 1",
+        server("GET", 200, "blue")
+    ));
+    has(format!(
+        "http_server_response_body_size_bytes_sum{{{}}} 12",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_body_size_bytes_sum{{{}}} 12",
+        server("POST", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_client_request_duration_seconds_count{{{}}} 2",
+        client("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_request_duration_seconds_bucket{{{},le=\"10\"}} 2",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "http_server_response_body_size_bytes_bucket{{{},le=\"10\"}} 2",
+        server("GET", 200, "kn:disabled")
+    ));
+    has(format!(
+        "kn_serving_invocation_duration_seconds_count{{http_response_status_code=\"500\",{QUEUE_SCOPE}}} 1"
+    ));
+    // Taken by the last request as it passed the breaker, itself inside.
+    has(format!("kn_serving_queue_depth{{{QUEUE_SCOPE}}} 1"));
+    // The families and their help, as Knative's OpenTelemetry exporter
+    // writes them (its Go runtime and process collectors aside).
+    let mut help: Vec<&str> = text.lines().filter(|l| l.starts_with("# ")).collect();
+    help.sort();
+    assert_eq!(
+        help,
+        [
+            "# HELP http_client_request_body_size_bytes Size of HTTP client request bodies.",
+            "# HELP http_client_request_duration_seconds Duration of HTTP client requests.",
+            "# HELP http_server_request_body_size_bytes Size of HTTP server request bodies.",
+            "# HELP http_server_request_duration_seconds Duration of HTTP server requests.",
+            "# HELP http_server_response_body_size_bytes Size of HTTP server response bodies.",
+            "# HELP kn_serving_invocation_duration_seconds The duration of task execution",
+            "# HELP kn_serving_queue_depth Number of current requests in the queue",
+            "# HELP target_info Target metadata",
+            "# TYPE http_client_request_body_size_bytes histogram",
+            "# TYPE http_client_request_duration_seconds histogram",
+            "# TYPE http_server_request_body_size_bytes histogram",
+            "# TYPE http_server_request_duration_seconds histogram",
+            "# TYPE http_server_response_body_size_bytes histogram",
+            "# TYPE kn_serving_invocation_duration_seconds histogram",
+            "# TYPE kn_serving_queue_depth gauge",
+            "# TYPE target_info gauge",
+        ]
+    );
+    let target = text
+        .lines()
+        .find(|l| l.starts_with("target_info{"))
+        .unwrap();
+    for label in [
+        "container_name=\"queue-proxy\"",
+        "k8s_namespace_name=\"default\"",
+        "kn_revision_name=\"hello-00001\"",
+        "kn_service_name=\"hello\"",
+        "service_name=\"hello\"",
+    ] {
+        assert!(target.contains(label), "{target}");
+    }
+    assert!(!text.contains("kube-probe"), "probes are not measured");
+}

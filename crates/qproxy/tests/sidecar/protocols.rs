@@ -1,0 +1,624 @@
+//! HTTP/1.1, h2c, upgrades, streaming, 100-continue and trailers through the
+//! real binary.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, Response, Version};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use qproxy_test_support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h1_and_h2c_share_the_main_port() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let res = h1(qp.main, get("/h1", &[("host", "hello.example.com")])).await;
+    assert_eq!(res.version(), Version::HTTP_11);
+    assert_eq!(text(res).await, "Hello World!\n");
+
+    let res = h2(qp.main, get("http://hello.example.com/h2", &[])).await;
+    assert_eq!(res.version(), Version::HTTP_2);
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, "Hello World!\n");
+
+    let seen = app.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].version, Version::HTTP_11);
+    // HTTP/2 goes upstream as h2c, keeping the client's authority.
+    assert_eq!(seen[1].version, Version::HTTP_2);
+    assert_eq!(
+        seen[1].uri.authority().map(|a| a.as_str()),
+        Some("hello.example.com")
+    );
+    assert_eq!(seen[1].headers["x-forwarded-for"], "127.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn websocket_echo_through_the_tunnel() {
+    let port = websocket_echo_app().await;
+    let qp = QProxy::start(port, &[]);
+
+    let mut ws = websocket(qp.main).await;
+    for i in 0..5 {
+        let msg = format!("hello {i}");
+        ws.send(Message::text(msg.clone())).await.unwrap();
+        let echoed = within("echo", ws.next()).await.unwrap().unwrap();
+        assert_eq!(echoed, Message::text(msg));
+    }
+    let big = vec![7u8; 256 * 1024];
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let echoed = within("binary echo", ws.next()).await.unwrap().unwrap();
+    assert_eq!(echoed.into_data(), big);
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tunnel_half_close_lets_the_app_finish() {
+    // An app speaking a made-up upgraded protocol: it reads until the
+    // client stops sending, then answers and closes.
+    let port = raw_app(|mut s| async move {
+        read_request(&mut s).await;
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        s.write_all(&got.to_ascii_uppercase()).await.unwrap();
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        within("the 101", client.read_exact(&mut byte))
+            .await
+            .unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
+    client.write_all(b"hello there").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    within("the app's answer", client.read_to_end(&mut answer))
+        .await
+        .unwrap();
+    assert_eq!(answer, b"HELLO THERE");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrade_to_another_protocol_than_asked_is_502() {
+    let port = canned_app(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+    )
+    .await;
+    let qp = QProxy::start(port, &[]);
+    let res = h1(
+        qp.main,
+        get("/", &[("connection", "upgrade"), ("upgrade", "websocket")]),
+    )
+    .await;
+    assert_eq!(res.status(), 502);
+    assert_eq!(
+        text(res).await,
+        "backend tried to switch protocol \"h2c\" when \"websocket\" was requested\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_upgrade_is_declined_and_served_over_http1() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    // What `curl --http2 http://...` sends.
+    let res = h1(
+        qp.main,
+        get(
+            "/",
+            &[
+                ("connection", "Upgrade, HTTP2-Settings"),
+                ("upgrade", "h2c"),
+                ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.version(), Version::HTTP_11);
+    let seen = app.only();
+    for gone in ["upgrade", "connection", "http2-settings"] {
+        assert!(seen.headers.get(gone).is_none(), "{gone} reached the app");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrade_to_an_unprintable_protocol_is_502() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: caf\xe9\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let mut reader = BufReader::new(client);
+    within("the 502", reader.read_line(&mut answer))
+        .await
+        .unwrap();
+    assert_eq!(answer, "HTTP/1.1 502 Bad Gateway\r\n");
+    let mut rest = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        rest.push(line);
+    }
+    let expected = "client tried to switch to invalid protocol \"caf\\xe9\"\n";
+    assert!(
+        rest.contains(&format!("Content-Length: {}\r\n", expected.len())),
+        "{rest:?}"
+    );
+    let mut body = vec![0; expected.len()];
+    within("the body", reader.read_exact(&mut body))
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8(body).unwrap(), expected);
+    assert!(app.seen().is_empty(), "never reaches the app");
+}
+
+/// A body whose chunks the test feeds one by one.
+struct Chunks(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_sent_events_are_not_held_back() {
+    // The app sends the first event, then waits for the test to have read it
+    // before it sends the second: buffering anywhere would deadlock.
+    let (release_tx, release_rx) = mpsc::channel::<()>(1);
+    let release_rx = Arc::new(tokio::sync::Mutex::new(release_rx));
+    let app = App::start(move |_| {
+        let release = release_rx.clone();
+        async move {
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(async move {
+                tx.send(Bytes::from_static(b"data: one\n\n")).await.unwrap();
+                release.lock().await.recv().await;
+                tx.send(Bytes::from_static(b"data: two\n\n")).await.unwrap();
+            });
+            let mut res = Response::new(Chunks(rx).boxed());
+            res.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            res
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    for version in [Version::HTTP_11, Version::HTTP_2] {
+        let req = get("http://hello.example.com/events", &[]);
+        let res = if version == Version::HTTP_2 {
+            h2(qp.main, req).await
+        } else {
+            h1(qp.main, req).await
+        };
+        assert_eq!(res.headers()["content-type"], "text/event-stream");
+        let mut body = res.into_body();
+        let first = within("first event", body.frame()).await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "data: one\n\n");
+        release_tx.send(()).await.unwrap();
+        let second = within("second event", body.frame()).await.unwrap().unwrap();
+        assert_eq!(second.into_data().unwrap(), "data: two\n\n");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expect_100_continue() {
+    // An app that never sends an interim response of its own: it reads the
+    // head, then the five-byte body, then answers with it.
+    let port = raw_app(|mut s| async move {
+        let Some(head) = read_head(&mut s).await else {
+            return;
+        };
+        let mut body = [0u8; 5];
+        s.read_exact(&mut body).await.unwrap();
+        let expect = head.to_ascii_lowercase().contains("expect: 100-continue");
+        let reply =
+            format!("HTTP/1.1 200 OK\r\nX-Saw-Expect: {expect}\r\nContent-Length: 5\r\n\r\n");
+        s.write_all(reply.as_bytes()).await.unwrap();
+        s.write_all(&body).await.unwrap();
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+
+    let stream = TcpStream::connect(qp.main).await.unwrap();
+    let (rx, mut tx) = stream.into_split();
+    let mut rx = BufReader::new(rx);
+    tx.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: hello\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // The body is sent only after the interim response, as a careful client
+    // does: qproxy gives it once the upload toward the app begins.
+    let mut status = String::new();
+    within("100 Continue", rx.read_line(&mut status))
+        .await
+        .unwrap();
+    assert_eq!(status, "HTTP/1.1 100 Continue\r\n");
+    let mut blank = String::new();
+    rx.read_line(&mut blank).await.unwrap();
+    assert_eq!(blank, "\r\n");
+    tx.write_all(b"hello").await.unwrap();
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        within("the final response", rx.read_line(&mut line))
+            .await
+            .unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        head.push(line);
+    }
+    assert_eq!(head[0], "HTTP/1.1 200 OK\r\n");
+    assert!(
+        head.contains(&"X-Saw-Expect: true\r\n".to_owned()),
+        "{head:?}"
+    );
+    let mut body = [0u8; 5];
+    within("echoed body", rx.read_exact(&mut body))
+        .await
+        .unwrap();
+    assert_eq!(&body, b"hello");
+}
+
+/// A body of one data chunk and then trailers.
+struct WithTrailers(Option<Frame<Bytes>>, Option<http::HeaderMap>);
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.0.take() {
+            return Poll::Ready(Some(Ok(data)));
+        }
+        Poll::Ready(self.1.take().map(|t| Ok(Frame::trailers(t))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trailers_pass() {
+    let app = App::start(|_| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", "abc123".parse().unwrap());
+        Response::builder()
+            .header("trailer", "x-checksum")
+            .body(
+                WithTrailers(
+                    Some(Frame::data(Bytes::from_static(b"payload"))),
+                    Some(trailers),
+                )
+                .boxed(),
+            )
+            .unwrap()
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    // HTTP/2 (gRPC's case), and HTTP/1.1 to a client that offers trailers.
+    for (version, req) in [
+        (Version::HTTP_2, get("http://hello.example.com/", &[])),
+        (Version::HTTP_11, get("/", &[("te", "trailers")])),
+    ] {
+        let res = if version == Version::HTTP_2 {
+            h2(qp.main, req).await
+        } else {
+            h1(qp.main, req).await
+        };
+        let collected = within("the body", res.into_body().collect()).await.unwrap();
+        let trailers = collected.trailers().cloned();
+        assert_eq!(collected.to_bytes(), "payload", "{version:?}");
+        assert_eq!(
+            trailers.as_ref().and_then(|t| t.get("x-checksum")).unwrap(),
+            "abc123",
+            "{version:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_with_trailers_over_h2c() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("hello.Greeter", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream_of(listener)),
+    );
+    let qp = QProxy::start(port, &[]);
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", qp.main))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let res = within(
+        "gRPC Check",
+        client.check(HealthCheckRequest {
+            service: "hello.Greeter".into(),
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.into_inner().status(), ServingStatus::Serving);
+
+    // An error status too (tonic sends it as a trailers-only response);
+    // trailers proper are checked in `trailers_pass`.
+    let err = within(
+        "gRPC Check of an unknown service",
+        client.check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+/// Accepted connections of `listener` as the stream tonic serves from.
+fn tokio_stream_of(
+    listener: TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<TcpStream>> {
+    futures_util::stream::unfold(listener, |l| async move {
+        let accepted = l.accept().await.map(|(s, _)| s);
+        Some((accepted, l))
+    })
+}
+
+const GIB: u64 = 1 << 30;
+const CHUNK: usize = 256 * 1024;
+
+/// A body of `len` zero bytes made on the fly.
+struct Zeros {
+    left: u64,
+    chunk: Bytes,
+}
+
+impl Zeros {
+    fn new(len: u64) -> Self {
+        Self {
+            left: len,
+            chunk: Bytes::from(vec![0u8; CHUNK]),
+        }
+    }
+}
+
+impl http_body::Body for Zeros {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(CHUNK as u64);
+        self.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n as usize)))))
+    }
+}
+
+async fn count_bytes(body: hyper::body::Incoming) -> u64 {
+    let mut body = body;
+    let mut total = 0;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            total += data.len() as u64;
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_gibibyte_each_way_with_flat_memory() {
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = received.clone();
+    let app = App::start(move |req: Request<hyper::body::Incoming>| {
+        let counter = counter.clone();
+        async move {
+            if req.uri().path() == "/download" {
+                Response::new(Zeros::new(GIB).boxed())
+            } else {
+                let n = count_bytes(req.into_body()).await;
+                counter.store(n, Ordering::SeqCst);
+                Response::new(full(n.to_string()))
+            }
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    // A gibibyte takes a while in a debug build: a longer deadline here.
+    let slow = DEADLINE * 6;
+    let upload = Request::post("/upload")
+        .header("host", "hello.example.com")
+        .body(Zeros::new(GIB).boxed())
+        .unwrap();
+    let stream = TcpStream::connect(qp.main).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let res = tokio::time::timeout(slow, sender.send_request(upload))
+        .await
+        .expect("upload finished")
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, GIB.to_string());
+    assert_eq!(received.load(Ordering::SeqCst), GIB);
+
+    let res = h1(qp.main, get("/download", &[])).await;
+    assert_eq!(res.status(), 200);
+    let (done_tx, done_rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let _ = done_tx.send(count_bytes(res.into_body()).await);
+    });
+    let downloaded = tokio::time::timeout(slow, done_rx)
+        .await
+        .expect("download finished")
+        .unwrap();
+    assert_eq!(downloaded, GIB);
+
+    let peak_mib = qp.peak_rss_kib() / 1024;
+    assert!(peak_mib < 64, "qproxy peaked at {peak_mib} MiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http1_upstream_connections_are_kept_alive() {
+    let app = App::hello().await;
+    let qp = QProxy::start(app.port(), &[]);
+    for _ in 0..5 {
+        let res = h1(qp.main, get("/", &[])).await;
+        assert_eq!(text(res).await, "Hello World!\n");
+    }
+    assert_eq!(app.seen().len(), 5);
+    assert_eq!(
+        app.connections_accepted(),
+        1,
+        "one pooled connection serves all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_pool_keeps_container_concurrency_connections() {
+    // The app holds requests until told, so that five connections open.
+    // Kubelet probes take no breaker slot, so five can be inside at once.
+    let (app, mut arrived_rx) = App::holding("done").await;
+    let qp = QProxy::start(app.port(), &[("CONTAINER_CONCURRENCY", "2")]);
+
+    let requests: Vec<_> = (0..5)
+        .map(|_| {
+            let addr = qp.main;
+            let probe = get("/", &[("k-kubelet-probe", "queue")]);
+            tokio::spawn(async move { text(h1(addr, probe).await).await })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(
+            within("a request at the app", arrived_rx.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    app.wait_open_connections(5).await;
+    for release in held {
+        release.send(()).unwrap();
+    }
+    for r in requests {
+        assert_eq!(within("a response", r).await.unwrap(), "done");
+    }
+    // Two stay idle for reuse; the rest are closed.
+    app.wait_open_connections(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_reaches_the_app_with_its_target_and_a_2xx_becomes_a_tunnel() {
+    let (heads, mut seen) = mpsc::unbounded_channel();
+    let port = raw_app(move |mut s| {
+        let heads = heads.clone();
+        async move {
+            let Some(head) = read_head(&mut s).await else {
+                return;
+            };
+            let _ = heads.send(head);
+            // A greeting after the head, then an echo: both the tunnel's.
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nhello\n")
+                .await;
+            let mut buf = [0u8; 64];
+            while let Ok(n @ 1..) = s.read(&mut buf).await {
+                let _ = s.write_all(&buf[..n]).await;
+            }
+        }
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        .await
+        .unwrap();
+    let head = within("the 200", read_head(&mut client)).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    // RFC 9110 forbids body framing on a 2xx to CONNECT.
+    assert!(
+        !head.to_ascii_lowercase().contains("content-length"),
+        "{head}"
+    );
+
+    let app_head = within("the app's request", seen.recv()).await.unwrap();
+    assert!(
+        app_head.starts_with("CONNECT example.com:443 HTTP/1.1\r\n"),
+        "{app_head}"
+    );
+    assert!(app_head.contains("Host: example.com:443\r\n"), "{app_head}");
+
+    let mut greeting = [0u8; 6];
+    within("the greeting", client.read_exact(&mut greeting))
+        .await
+        .unwrap();
+    assert_eq!(&greeting, b"hello\n");
+    client.write_all(b"ping").await.unwrap();
+    let mut echo = [0u8; 4];
+    within("the echo", client.read_exact(&mut echo))
+        .await
+        .unwrap();
+    assert_eq!(&echo, b"ping");
+}

@@ -1,0 +1,381 @@
+// Command conformance plays each scenario of scenarios/ against Knative's Go
+// queue-proxy and against qproxy, with the same environment and the same
+// app, and reports every field where the two differ. A difference not in
+// expected.yaml, with its reason, makes it exit 1.
+//
+//	go run . -qproxy ../../target/debug/qproxy -oracle ../../target/oracle/queue-v0.42.2
+//
+// The oracle is built from the Go module proxy (tests/oracle/build.sh) when
+// it is not there yet.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proxy is one queue-proxy under test.
+type proxy struct {
+	name string
+	bin  string
+}
+
+// knativeEnvFile holds what a default Knative install gives a revision's
+// sidecar; qproxy's tests and the benchmark harness read it too.
+const knativeEnvFile = "../../crates/qproxy/knative-env.json"
+
+// defaultEnv is what a default Knative install gives a revision's sidecar,
+// with the app on userPort.
+func defaultEnv(userPort int) (map[string]string, error) {
+	raw, err := os.ReadFile(knativeEnvFile)
+	if err != nil {
+		return nil, err
+	}
+	var file struct {
+		Classic map[string]string `json:"classic"`
+	}
+	if err := json.Unmarshal(raw, &file); err != nil {
+		return nil, fmt.Errorf("%s: %w", knativeEnvFile, err)
+	}
+	file.Classic["USER_PORT"] = strconv.Itoa(userPort)
+	return file.Classic, nil
+}
+
+func main() {
+	qproxyBin := flag.String("qproxy", "../../target/debug/qproxy", "qproxy binary")
+	oracleBin := flag.String("oracle", "../../target/oracle/queue-v0.42.2", "Knative's Go queue-proxy binary")
+	dir := flag.String("scenarios", "scenarios", "folder of scenario files")
+	expectedFile := flag.String("expected", "expected.yaml", "reviewed list of expected differences")
+	report := flag.String("report", "../../target/conformance/report.md", "where to write the report")
+	only := flag.String("only", "", "run the scenarios whose name contains this")
+	flag.Parse()
+
+	if _, err := os.Stat(*oracleBin); os.IsNotExist(err) {
+		// Knative's queue-proxy, built from the Go module proxy.
+		build := exec.Command("../oracle/build.sh", *oracleBin)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance: building the Go queue-proxy:", err)
+			os.Exit(2)
+		}
+	}
+	scenarios, err := LoadScenarios(*dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(2)
+	}
+	expected, err := LoadExpected(*expectedFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(2)
+	}
+	logs := filepath.Join(filepath.Dir(*report), "logs")
+	os.MkdirAll(logs, 0o755)
+	proxies := []proxy{{"go", *oracleBin}, {"qproxy", *qproxyBin}}
+
+	var out strings.Builder
+	fmt.Fprintf(&out, "# Conformance: qproxy against Knative's Go queue-proxy\n\n")
+	fmt.Fprintf(&out, "Run %s; oracle `%s`, qproxy `%s`.\n\n", time.Now().UTC().Format(time.RFC3339), *oracleBin, *qproxyBin)
+	fmt.Fprintf(&out, "| scenario | field | go | qproxy | verdict |\n|---|---|---|---|---|\n")
+	unexplained, ran := 0, 0
+	totals := map[string]int{}
+	for _, sc := range scenarios {
+		if *only != "" && !strings.Contains(sc.Name, *only) {
+			continue
+		}
+		ran++
+		start := time.Now()
+		var obs [2]*Observation
+		for i, p := range proxies {
+			obs[i] = play(sc, p, logs)
+			dump(obs[i], filepath.Join(logs, sc.Name+"."+p.name+".fields"))
+		}
+		rows := compare(sc.Name, obs[0], obs[1], expected)
+		same := 0
+		for _, r := range rows {
+			switch {
+			case r.verdict == "same":
+				same++
+			default:
+				if r.verdict == "DIFFERS" {
+					unexplained++
+				}
+				fmt.Fprintf(&out, "| %s | `%s` | %s | %s | %s |\n", sc.Name, r.field, cell(r.a), cell(r.b), r.verdict)
+			}
+			totals[strings.SplitN(r.verdict, " ", 2)[0]]++
+		}
+		fmt.Fprintf(&out, "| %s | all %d other fields | | | same |\n", sc.Name, same)
+		fmt.Fprintf(os.Stderr, "%-40s %3d fields, %d differ  (%s)\n", sc.Name, len(rows), len(rows)-same, time.Since(start).Round(time.Millisecond))
+	}
+	stale := 0
+	if *only == "" {
+		for _, e := range expected {
+			if !e.used {
+				stale++
+				fmt.Fprintf(&out, "| %s | `%s` | | | STALE expected difference: no longer differs |\n", e.Scenario, e.Field)
+			}
+		}
+	}
+	fmt.Fprintf(&out, "\n%d scenarios; fields: %d same, %d differ as expected, %d differ unexplained; %d stale expectations.\n",
+		ran, totals["same"], totals["differs"], totals["DIFFERS"], stale)
+	os.MkdirAll(filepath.Dir(*report), 0o755)
+	os.WriteFile(*report, []byte(out.String()), 0o644)
+	fmt.Print(out.String())
+	if unexplained > 0 || stale > 0 {
+		os.Exit(1)
+	}
+}
+
+func cell(s string) string {
+	s = strings.ReplaceAll(s, "|", "\\|")
+	if len(s) > 80 {
+		s = s[:80] + "…"
+	}
+	if s == "" {
+		return "—"
+	}
+	return "`" + s + "`"
+}
+
+type row struct{ field, a, b, verdict string }
+
+const absent = "(absent)"
+
+func compare(scenario string, a, b *Observation, expected []*Expected) []row {
+	names := map[string]bool{}
+	var order []string
+	for _, o := range []*Observation{a, b} {
+		for _, n := range o.order {
+			if !names[n] {
+				names[n] = true
+				order = append(order, n)
+			}
+		}
+	}
+	var rows []row
+	for _, n := range order {
+		va, oka := a.fields[n]
+		vb, okb := b.fields[n]
+		if !oka {
+			va = absent
+		}
+		if !okb {
+			vb = absent
+		}
+		r := row{field: n, a: va, b: vb, verdict: "same"}
+		if va != vb {
+			r.verdict = "DIFFERS"
+			for _, e := range expected {
+				if e.Scenario != scenario && e.Scenario != "*" {
+					continue
+				}
+				if ok, _ := path.Match(e.Field, n); ok {
+					e.used = true
+					r.verdict = "differs (expected: " + strings.TrimSpace(e.Reason) + ")"
+					break
+				}
+			}
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// dump writes every field of a run, in full, next to its log.
+func dump(obs *Observation, file string) {
+	var b strings.Builder
+	for _, n := range obs.order {
+		fmt.Fprintf(&b, "%s = %s\n", n, obs.fields[n])
+	}
+	os.WriteFile(file, []byte(b.String()), 0o644)
+}
+
+// play runs one scenario against one proxy and records what it saw. The
+// app's port, which differs between runs, reads {{USER_PORT}}.
+func play(sc Scenario, p proxy, logs string) *Observation {
+	obs := NewObservation()
+	app, err := StartApp(sc.App)
+	if err != nil {
+		obs.Set("setup", err.Error())
+		return obs
+	}
+	defer app.Stop()
+	defer func() {
+		port := strconv.Itoa(app.Port)
+		for n, v := range obs.fields {
+			obs.fields[n] = strings.ReplaceAll(v, port, "{{USER_PORT}}")
+		}
+	}()
+	env, err := defaultEnv(app.Port)
+	if err != nil {
+		obs.Set("setup", err.Error())
+		return obs
+	}
+	for k, v := range sc.Env {
+		env[k] = strings.ReplaceAll(v, "{{USER_PORT}}", strconv.Itoa(app.Port))
+	}
+	var vars []string
+	for k, v := range env {
+		vars = append(vars, k+"="+v)
+	}
+	sort.Strings(vars)
+	logFile, _ := os.Create(filepath.Join(logs, sc.Name+"."+p.name+".log"))
+	defer logFile.Close()
+	cmd := exec.Command(p.bin)
+	cmd.Env = vars
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	if err := cmd.Start(); err != nil {
+		obs.Set("setup", err.Error())
+		return obs
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+		waitFree()
+	}()
+	if !waitListening(8012, exited) || !waitListening(8022, exited) {
+		obs.Set("start", "did not listen")
+		return obs
+	}
+	app.Begin()
+
+	started := map[string]chan exchange{}
+	var lastSignal time.Time
+	var mu sync.Mutex
+	for i, step := range sc.Steps {
+		name := step.Name
+		if name == "" {
+			name = fmt.Sprintf("step%d", i+1)
+		}
+		prefix := name + "."
+		switch {
+		case step.Request != nil:
+			do(step.Request).into(prefix, obs)
+			describeSeen(prefix, app.Take(), obs)
+		case step.Parallel != nil:
+			results := make([]string, len(step.Parallel))
+			var wg sync.WaitGroup
+			for j := range step.Parallel {
+				wg.Add(1)
+				go func(j int) {
+					defer wg.Done()
+					e := do(&step.Parallel[j])
+					results[j] = fmt.Sprintf("%s %s %s", e["status"], e["body"], e["response"])
+				}(j)
+			}
+			wg.Wait()
+			counts := map[string]int{}
+			for _, r := range results {
+				counts[r]++
+			}
+			for outcome, n := range counts {
+				obs.Set(prefix+"outcome["+outcome+"]", strconv.Itoa(n))
+			}
+			obs.Set(prefix+"app.requests", strconv.Itoa(len(app.Take())))
+		case step.Start != nil:
+			ch := make(chan exchange, 1)
+			started[step.Start.As] = ch
+			req := step.Start
+			go func() { ch <- do(req) }()
+			// The request is under way once the app has it, or the proxy
+			// has queued it; give it the moment a client would.
+			waitArrived(app, req)
+		case step.Await != "":
+			e := <-started[step.Await]
+			e.into(prefix, obs)
+		case step.Signal != "":
+			mu.Lock()
+			lastSignal = time.Now()
+			mu.Unlock()
+			sig := syscall.SIGTERM
+			if step.Signal == "INT" {
+				sig = syscall.SIGINT
+			}
+			cmd.Process.Signal(sig)
+			obs.Set(prefix+"signal", step.Signal)
+		case step.Exit:
+			select {
+			case <-exited:
+				obs.Set(prefix+"exit", cmd.ProcessState.String())
+				obs.Set(prefix+"after-signal", timing(time.Since(lastSignal)))
+			case <-time.After(75 * time.Second):
+				obs.Set(prefix+"exit", "still running after 75 s")
+			}
+		case step.Stats:
+			statFields().into(prefix, obs)
+		case step.Metrics:
+			metricsFields().into(prefix, obs)
+		case step.WebSocket != "":
+			doWebSocket(step.WebSocket).into(prefix, obs)
+			describeSeen(prefix, app.Take(), obs)
+		}
+	}
+	return obs
+}
+
+// waitArrived waits until a background request has reached the app (or
+// 300 ms pass, for one the proxy holds back).
+func waitArrived(app *App, req *Request) {
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		app.mu.Lock()
+		n := len(app.seen)
+		app.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func waitListening(port int, exited chan struct{}) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return false
+		default:
+		}
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			c.Close()
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return false
+}
+
+// waitFree waits until the fixed ports are free again for the next run.
+func waitFree() {
+	for _, port := range []int{8012, 8022, 9090, 9091} {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			l, err := net.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+			if err == nil {
+				l.Close()
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

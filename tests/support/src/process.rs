@@ -1,0 +1,366 @@
+//! The `qproxy` binary, run as a child process with exactly the
+//! environment a test gives it, and read through its JSON log lines.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+use crate::DEADLINE;
+
+/// The `qproxy` binary the tests run: `QPROXY_BIN` when set, else the one
+/// cargo built beside the running test (`target/<profile>/qproxy`, which
+/// `cargo test` builds with the qproxy package's own tests).
+///
+/// A binary older than the workspace's sources would test old code: that
+/// fails the test, with what to do.
+pub fn qproxy_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("QPROXY_BIN") {
+            return PathBuf::from(bin);
+        }
+        let bin = crate::profile_dir().join("qproxy");
+        let built = std::fs::metadata(&bin)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; build it with `cargo build -p qproxy` (or run \
+                     `cargo test --workspace`), or set QPROXY_BIN",
+                    bin.display()
+                )
+            });
+        if let Some(newer) = newest_source(&crate::workspace().join("crates"), built) {
+            panic!(
+                "{} is older than {}: rebuild it with `cargo build -p qproxy` \
+                 (or run `cargo test --workspace`), or set QPROXY_BIN",
+                bin.display(),
+                newer.display()
+            );
+        }
+        bin
+    })
+}
+
+/// A Rust source or manifest under `dir` changed after `than`, if any.
+fn newest_source(dir: &Path, than: SystemTime) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if path.is_dir() {
+            if name != "tests"
+                && name != "benches"
+                && let Some(found) = newest_source(&path, than)
+            {
+                return Some(found);
+            }
+        } else if (path.extension().is_some_and(|e| e == "rs") || name == "Cargo.toml")
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|m| m > than)
+        {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// A running `qproxy` process, killed when dropped.
+pub struct QProxy {
+    child: Child,
+    logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
+    /// Main port, on IPv4 loopback.
+    pub main: SocketAddr,
+    /// Whether the ports are bound dual-stack (`[::]`), not IPv4 only.
+    pub dual_stack: bool,
+    /// Admin port.
+    pub admin: SocketAddr,
+    /// Autoscaler stats port.
+    pub stats: SocketAddr,
+    /// User metrics port, when served.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// The environment a default Knative install gives a revision whose app
+/// listens on `user_port`, with every qproxy port on "any free port" and
+/// no drain quiet period (so that `SIGTERM` stops at once; the drain tests
+/// set their own).
+pub fn knative_env(user_port: u16) -> Vec<(String, String)> {
+    let mut vars = qproxy::config::knative_defaults(user_port);
+    for name in [
+        "QUEUE_SERVING_PORT",
+        "QPROXY_ADMIN_PORT",
+        "QPROXY_STATS_PORT",
+        "QPROXY_METRICS_PORT",
+        "QPROXY_DRAIN_QUIET_SECONDS",
+    ] {
+        vars.set(name, "0");
+    }
+    vars.iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `env` with each of `vars` set, replacing any value it had.
+pub fn with_vars(mut env: Vec<(String, String)>, vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    for (name, value) in vars {
+        env.retain(|(k, _)| k != name);
+        env.push(((*name).to_owned(), (*value).to_owned()));
+    }
+    env
+}
+
+/// `env` with request logs on, written by `template`, probes included if
+/// `probes`.
+pub fn with_request_log(
+    env: Vec<(String, String)>,
+    template: &str,
+    probes: bool,
+) -> Vec<(String, String)> {
+    with_vars(
+        env,
+        &[
+            ("SERVING_ENABLE_REQUEST_LOG", "true"),
+            ("SERVING_REQUEST_LOG_TEMPLATE", template),
+            (
+                "SERVING_ENABLE_PROBE_REQUEST_LOG",
+                if probes { "true" } else { "false" },
+            ),
+        ],
+    )
+}
+
+/// Runs `qproxy` with exactly `env` (nothing inherited) and waits for it to exit.
+pub fn run_to_exit(env: &[(String, String)]) -> std::process::Output {
+    Command::new(qproxy_bin())
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("qproxy runs")
+}
+
+impl QProxy {
+    /// Starts qproxy in front of an app on `user_port`, with Knative's
+    /// default environment changed by `overrides`.
+    pub fn start(user_port: u16, overrides: &[(&str, &str)]) -> Self {
+        Self::start_env(&with_vars(knative_env(user_port), overrides))
+    }
+
+    /// Starts qproxy with exactly `env` and waits until its ports are bound.
+    pub fn start_env(env: &[(String, String)]) -> Self {
+        Self::start_command(Command::new(qproxy_bin()), env)
+    }
+
+    /// Starts qproxy by `command` (another binary, or this one run through
+    /// a wrapper such as `chroot`), with exactly `env`, and waits until its
+    /// ports are bound.
+    pub fn start_command(command: Command, env: &[(String, String)]) -> Self {
+        let mut qp = Self::spawn_command(command, env);
+        let vars = qproxy::config::Vars::from_pairs(env.iter().map(|(k, v)| (k, v)));
+        let metrics_served =
+            qproxy::Config::from_vars(&vars).is_ok_and(|c| c.observability.prometheus_metrics());
+        qp.main = qp.listening("main");
+        qp.dual_stack = qp.bound("main").is_ipv6();
+        qp.admin = qp.listening("admin");
+        qp.stats = qp.listening("stats");
+        if metrics_served {
+            qp.metrics = Some(qp.listening("metrics"));
+        }
+        qp
+    }
+
+    /// Starts qproxy with exactly `env`, without waiting for anything.
+    pub fn spawn_env(env: &[(String, String)]) -> Self {
+        Self::spawn_command(Command::new(qproxy_bin()), env)
+    }
+
+    fn spawn_command(mut command: Command, env: &[(String, String)]) -> Self {
+        let mut child = command
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("qproxy starts");
+        let logs = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        collect_lines(stdout, "stdout", logs.clone());
+        collect_lines(stderr, "stderr", logs.clone());
+        QProxy {
+            child,
+            logs,
+            main: unspecified(),
+            dual_stack: false,
+            admin: unspecified(),
+            stats: unspecified(),
+            metrics: None,
+        }
+    }
+
+    /// The log lines written to `stream` (`stdout` or `stderr`) so far.
+    pub fn logs_on(&self, stream: &str) -> Vec<Value> {
+        self.logs()
+            .into_iter()
+            .filter(|l| l["_stream"] == stream)
+            .collect()
+    }
+
+    /// The loopback address of the named server (`main`, `admin`,
+    /// `profile`, ...), from its start-up log line.
+    pub fn listening(&self, server: &str) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.bound(server).port()))
+    }
+
+    /// The address the named server reported binding.
+    fn bound(&self, server: &str) -> SocketAddr {
+        let line = self.wait_for_log(&format!("{server} server start"), |l| {
+            l["message"] == "Starting http server" && l["server"] == server
+        });
+        line["address"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .expect("address field")
+    }
+
+    /// Waits for a log line matching `pred`.
+    pub fn wait_for_log(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_for_logs(what, 1, pred)
+    }
+
+    /// Waits until `n` log lines match `pred`; returns the `n`th.
+    pub fn wait_for_logs(&self, what: &str, n: usize, pred: impl Fn(&Value) -> bool) -> Value {
+        let (lines, changed) = &*self.logs;
+        let deadline = Instant::now() + DEADLINE;
+        let mut guard = lines.lock().unwrap();
+        loop {
+            if let Some(l) = guard.iter().filter(|l| pred(l)).nth(n - 1) {
+                return l.clone();
+            }
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .unwrap_or_else(|| panic!("no log line for {what}; logs: {:#?}", *guard));
+            guard = changed.wait_timeout(guard, left).unwrap().0;
+        }
+    }
+
+    /// What it wrote on stdout that is not a JSON log line: request log
+    /// lines of a template that does not write JSON.
+    pub fn raw_lines(&self) -> Vec<String> {
+        self.logs_on("stdout")
+            .into_iter()
+            .filter_map(|l| l["_raw"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Every log line so far.
+    pub fn logs(&self) -> Vec<Value> {
+        self.logs.0.lock().unwrap().clone()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident memory so far, in KiB (`VmHWM`).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/PID/status")
+    }
+
+    /// Waits for the process to exit on its own and returns its status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "qproxy did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends a signal (`TERM`, `INT`, ...) to the process.
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// Stops the process with SIGTERM and returns every line it logged.
+    /// It logs before it answers, so the lines of every answered request
+    /// are there.
+    pub fn stop_and_collect_logs(&mut self) -> Vec<Value> {
+        self.signal("TERM");
+        self.wait_for_log("the exit", |l| {
+            l["message"] == "Shutdown complete, exiting..."
+        });
+        self.logs()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for QProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends a signal (`TERM`, `INT`, `KILL` or `HUP`) to a process.
+pub fn signal(pid: u32, sig: &str) {
+    use rustix::process::{Pid, Signal, kill_process};
+    let signal = match sig {
+        "TERM" => Signal::TERM,
+        "INT" => Signal::INT,
+        "KILL" => Signal::KILL,
+        "HUP" => Signal::HUP,
+        other => panic!("no such signal in these tests: {other}"),
+    };
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .expect("a process id");
+    kill_process(pid, signal).unwrap_or_else(|e| panic!("kill -{sig} {pid:?}: {e}"));
+}
+
+/// Reads JSON log lines from one of the child's streams, tagging each with
+/// `"_stream"`. Anything that is not a JSON object fails the test.
+fn collect_lines(
+    from: impl std::io::Read + Send + 'static,
+    stream: &'static str,
+    logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
+) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            // Log lines are JSON; request log lines are what their
+            // template makes them, kept whole under `_raw`.
+            let mut value: Value = serde_json::from_str(&line)
+                .ok()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| serde_json::json!({ "_raw": line }));
+            value["_stream"] = stream.into();
+            let (lines, changed) = &*logs;
+            lines.lock().unwrap().push(value);
+            changed.notify_all();
+        }
+    });
+}
+
+fn unspecified() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
+}
