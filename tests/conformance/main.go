@@ -57,11 +57,24 @@ func main() {
 	qproxyBin := flag.String("qproxy", "../../target/debug/qproxy", "qproxy binary")
 	oracleBin := flag.String("oracle", "../../target/oracle/queue-v0.42.2", "Knative's Go queue-proxy binary")
 	dir := flag.String("scenarios", "scenarios", "folder of scenario files")
-	expectedFile := flag.String("expected", "expected.yaml", "reviewed list of expected differences")
+	expectedFile := flag.String("expected", "expected.yaml", "the known differences, explained")
+	differencesDoc := flag.String("differences", "", "write the known differences as Markdown to this file, and exit")
 	report := flag.String("report", "../../target/conformance/report.md", "where to write the report")
 	only := flag.String("only", "", "run the scenarios whose name contains this")
 	flag.Parse()
 
+	differences, err := LoadDifferences(*expectedFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(2)
+	}
+	if *differencesDoc != "" {
+		if err := os.WriteFile(*differencesDoc, []byte(RenderDifferences(differences)), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if _, err := os.Stat(*oracleBin); os.IsNotExist(err) {
 		// Knative's queue-proxy, built from the Go module proxy.
 		build := exec.Command("../oracle/build.sh", *oracleBin)
@@ -76,8 +89,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(2)
 	}
-	expected, err := LoadExpected(*expectedFile)
-	if err != nil {
+	expected := Expectations(differences)
+	if err := checkScenarios(expected, scenarios); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(2)
 	}
@@ -124,7 +137,7 @@ func main() {
 		for _, e := range expected {
 			if !e.used {
 				stale++
-				fmt.Fprintf(&out, "| %s | `%s` | | | STALE expected difference: no longer differs |\n", e.Scenario, e.Field)
+				fmt.Fprintf(&out, "| %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, e.Field, e.Why.ID)
 			}
 		}
 	}
@@ -183,7 +196,7 @@ func compare(scenario string, a, b *Observation, expected []*Expected) []row {
 				}
 				if ok, _ := path.Match(e.Field, n); ok {
 					e.used = true
-					r.verdict = "differs (expected: " + strings.TrimSpace(e.Reason) + ")"
+					r.verdict = "differs (expected: " + e.Why.ID + ", " + e.Why.Title + ")"
 					break
 				}
 			}

@@ -111,30 +111,63 @@ func (o *Observation) Set(name, value string) {
 	o.fields[name] = value
 }
 
-// Expected is one reviewed, explained difference.
+// Difference is one known difference between qproxy and Knative's Go
+// queue-proxy, explained, and where the scenarios see it.
+type Difference struct {
+	ID    string `yaml:"id"`
+	Area  string `yaml:"area"`
+	Title string `yaml:"title"`
+	Text  string `yaml:"text"`
+	// Observed lists the fields of the scenarios that see it.
+	Observed []*Expected `yaml:"observed"`
+}
+
+// Expected is one place a known difference is seen: a scenario's fields.
 type Expected struct {
 	Scenario string `yaml:"scenario"`
 	// Field is a path.Match pattern over field names.
-	Field  string `yaml:"field"`
-	Reason string `yaml:"reason"`
-	used   bool
+	Field string `yaml:"field"`
+	// Why is the difference seen there, set when loaded.
+	Why  *Difference `yaml:"-"`
+	used bool
 }
 
-func LoadExpected(file string) ([]*Expected, error) {
+// LoadDifferences reads the list of known differences.
+func LoadDifferences(file string) ([]*Difference, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
 	}
-	var out []*Expected
+	var out []*Difference
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&out); err != nil && err.Error() != "EOF" {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	for _, e := range out {
-		if e.Scenario == "" || e.Field == "" || strings.TrimSpace(e.Reason) == "" {
-			return nil, fmt.Errorf("%s: every entry needs a scenario, a field and a reason", file)
+	ids := map[string]bool{}
+	for _, d := range out {
+		if d.ID == "" || d.Area == "" || d.Title == "" || strings.TrimSpace(d.Text) == "" {
+			return nil, fmt.Errorf("%s: every difference needs an id, an area, a title and a text", file)
+		}
+		if ids[d.ID] {
+			return nil, fmt.Errorf("%s: difference %s is listed twice", file, d.ID)
+		}
+		ids[d.ID] = true
+		for _, e := range d.Observed {
+			if e.Scenario == "" || e.Field == "" {
+				return nil, fmt.Errorf("%s: %s: every observed entry needs a scenario and a field", file, d.ID)
+			}
+			e.Why = d
 		}
 	}
 	return out, nil
+}
+
+// Expectations are the observed entries of every difference.
+func Expectations(differences []*Difference) []*Expected {
+	var out []*Expected
+	for _, d := range differences {
+		out = append(out, d.Observed...)
+	}
+	return out
 }
