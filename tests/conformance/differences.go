@@ -53,7 +53,11 @@ differences it sees name the scenarios that see them.
 			}
 			var seen []string
 			for _, e := range d.Observed {
-				seen = append(seen, fmt.Sprintf("`%s` (`%s`)", e.Scenario, e.Field))
+				when := ""
+				if e.Sometimes {
+					when = ", in some runs"
+				}
+				seen = append(seen, fmt.Sprintf("`%s` (`%s`%s)", e.Scenario, e.Field, when))
 			}
 			fmt.Fprintf(&b, "\n%s\n", wrap("Seen by the conformance suite in "+strings.Join(seen, ", ")+".", 76))
 		}

@@ -127,6 +127,9 @@ type Expected struct {
 	Scenario string `yaml:"scenario"`
 	// Field is a path.Match pattern over field names.
 	Field string `yaml:"field"`
+	// Sometimes marks a race: the difference shows in some runs only, so
+	// a run without it does not make the entry stale.
+	Sometimes bool `yaml:"sometimes"`
 	// Why is the difference seen there, set when loaded.
 	Why  *Difference `yaml:"-"`
 	used bool
