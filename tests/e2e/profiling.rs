@@ -10,11 +10,7 @@ use qproxy_test_support::*;
 #[ignore = "reads the profile with `go tool pprof`: scripts/test runs it"]
 async fn go_tool_pprof_reads_the_cpu_profile() {
     let app = App::hello().await;
-    let qp = QProxy::start(
-        app.port(),
-        &[("ENABLE_PROFILING", "true"), ("QPROXY_PROFILING_PORT", "0")],
-    );
-    let profiling = qp.listening("profile");
+    let (qp, profiling) = QProxy::start_profiling(app.port(), &[]);
     let main = qp.main;
     // Something to sample while the profile runs.
     let load = tokio::spawn(async move {

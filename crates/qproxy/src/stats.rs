@@ -11,13 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
-use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::common::body::Body;
-use crate::common::reply::not_found;
-use crate::common::{Endpoint, METRICS_PATH};
+use crate::common::{Endpoint, metrics_route};
 
 /// How often the autoscaler's `Stat` is renewed, as in Knative.
 pub(crate) const REPORTING_PERIOD: Duration = Duration::from_secs(1);
@@ -59,13 +57,7 @@ impl StatsEndpoint {
     /// "protobuf or prometheus, depending on the Accept header", but has
     /// served protobuf alone since the Prometheus reporter was removed).
     fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
-        if req.uri().path() != METRICS_PATH {
-            return not_found();
-        }
-        let mut res = Response::new(Body::full(self.reporter.latest().protobuf.clone()));
-        res.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(PROTOBUF));
-        res
+        metrics_route(req, PROTOBUF, || self.reporter.latest().protobuf.clone())
     }
 }
 

@@ -152,6 +152,16 @@ impl QProxy {
         Self::start_env(&with_vars(knative_env(user_port), overrides))
     }
 
+    /// Starts qproxy in front of an app on `user_port` with CPU profiles on
+    /// (and `extra` set); returns it and its profiling port.
+    pub fn start_profiling(user_port: u16, extra: &[(&str, &str)]) -> (Self, SocketAddr) {
+        let on = [("ENABLE_PROFILING", "true"), ("QPROXY_PROFILING_PORT", "0")];
+        let env = with_vars(knative_env(user_port), &on);
+        let qp = Self::start_env(&with_vars(env, extra));
+        let port = qp.listening("profile");
+        (qp, port)
+    }
+
     /// Starts qproxy with exactly `env` and waits until its ports are bound.
     pub fn start_env(env: &[(String, String)]) -> Self {
         Self::start_command(Command::new(qproxy_bin()), env)

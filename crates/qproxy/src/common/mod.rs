@@ -15,6 +15,8 @@ pub(crate) mod tunnel;
 use std::future::Future;
 use std::net::SocketAddr;
 
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
@@ -33,7 +35,24 @@ pub(crate) trait Endpoint: Clone + Send + Sync + 'static {
 }
 
 /// The path of the stats and the metrics endpoints.
-pub(crate) const METRICS_PATH: &str = "/metrics";
+const METRICS_PATH: &str = "/metrics";
+
+/// The answer of a server whose one route is `/metrics` (the stats and the
+/// metrics servers), as Go's `http.ServeMux` gives it: there, whatever the
+/// method, `body()` as `content_type`; anywhere else, `404 page not found`.
+pub(crate) fn metrics_route<B>(
+    req: &Request<B>,
+    content_type: &'static str,
+    body: impl FnOnce() -> Bytes,
+) -> Response<Body> {
+    if req.uri().path() != METRICS_PATH {
+        return reply::not_found();
+    }
+    let mut res = Response::new(Body::full(body()));
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    res
+}
 
 /// What a server knows of one accepted connection.
 #[derive(Debug, Clone, Copy)]

@@ -18,14 +18,12 @@ use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::task::JoinHandle;
 
 use crate::common::body::Body;
-use crate::common::reply::not_found;
-use crate::common::{Endpoint, METRICS_PATH};
+use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
 use current_metrics::CurrentMetrics;
@@ -217,18 +215,10 @@ pub(crate) struct MetricsEndpoint {
 
 impl MetricsEndpoint {
     fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
-        if req.uri().path() != METRICS_PATH {
-            return not_found();
-        }
-        let text = self
-            .request_metrics
-            .as_ref()
-            .map(UserMetrics::render)
-            .unwrap_or_default();
-        let mut res = Response::new(Body::full(text));
-        res.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
-        res
+        metrics_route(req, PROMETHEUS_TEXT, || {
+            let text = self.request_metrics.as_ref().map(UserMetrics::render);
+            text.unwrap_or_default().into()
+        })
     }
 }
 

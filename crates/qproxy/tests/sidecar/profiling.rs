@@ -3,28 +3,14 @@
 //! `go tool pprof`.)
 
 use std::io::Read;
-use std::net::SocketAddr;
 
 use qproxy_test_support::*;
-
-/// qproxy with profiling on (and `extra` set), and its profiling port.
-fn start_profiling(app_port: u16, extra: (&str, &str)) -> (QProxy, SocketAddr) {
-    let qp = QProxy::start(
-        app_port,
-        &[
-            ("ENABLE_PROFILING", "true"),
-            ("QPROXY_PROFILING_PORT", "0"),
-            extra,
-        ],
-    );
-    let port = qp.listening("profile");
-    (qp, port)
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn serves_a_gzipped_cpu_profile_one_at_a_time() {
     let app = App::hello().await;
-    let (qp, profiling) = start_profiling(app.port(), ("SERVING_LOGGING_LEVEL", "debug"));
+    let (qp, profiling) =
+        QProxy::start_profiling(app.port(), &[("SERVING_LOGGING_LEVEL", "debug")]);
     qp.wait_for_log("the switch", |l| l["message"] == "Profiling enabled: true");
 
     let profile =
@@ -88,7 +74,7 @@ async fn profiles_work_without_a_writable_temporary_directory() {
     // As under Knative's read-only root filesystem: the usual temporary
     // directory cannot be written.
     let app = App::hello().await;
-    let (_qp, profiling) = start_profiling(app.port(), ("TMPDIR", "/nonexistent/tmp"));
+    let (_qp, profiling) = QProxy::start_profiling(app.port(), &[("TMPDIR", "/nonexistent/tmp")]);
     let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
     assert_eq!(res.status(), 200, "{}", text(res).await);
 }
@@ -96,7 +82,8 @@ async fn profiles_work_without_a_writable_temporary_directory() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_profile_whose_client_left_frees_the_profiler() {
     let app = App::hello().await;
-    let (qp, profiling) = start_profiling(app.port(), ("SERVING_LOGGING_LEVEL", "debug"));
+    let (qp, profiling) =
+        QProxy::start_profiling(app.port(), &[("SERVING_LOGGING_LEVEL", "debug")]);
     // A client asks for a long profile, then hangs up.
     let mut client = tokio::net::TcpStream::connect(profiling).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(
