@@ -101,7 +101,7 @@ def build(args):
     out["app"] = app
     if "go-qp" in args.contenders:
         go_qp = os.path.join(ROOT, "target", "oracle", "queue-v0.42.2")
-        subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), go_qp], check=True)
+        subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), "v0.42.2", go_qp], check=True)
         out["go-qp"] = go_qp
     for tool in ["wrk"] + (["h2load"] if 3 in args.loads else []) + (["nginx"] if "nginx" in args.contenders else []):
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
@@ -118,7 +118,8 @@ def knative_env(user_port, main_port, cc=0, metrics=True):
     """A default Knative revision's sidecar environment (the file qproxy's
     tests and the conformance runner read), on the harness's ports."""
     with open(os.path.join(ROOT, "crates", "qproxy", "knative-env.json")) as f:
-        env = json.load(f)["classic"]
+        file = json.load(f)
+    env = {**file["common"], **file["classic"]}
     env.update({
         "SERVING_POD": "hello-00001-deployment-bench",
         "QUEUE_SERVING_PORT": str(main_port),

@@ -33,8 +33,9 @@ Where qproxy behaves differently from Knative's Go queue-proxy, as far as
 is known: each difference is either on the way to being fixed or kept on
 purpose, and says why. The differential suite
 ([tests/conformance](../tests/conformance/README.md)) plays its scenarios
-against both and fails on any difference that is not listed here; the
-differences it sees name the scenarios that see them.
+against both, in each generation of Knative (classic: serving v0.42.2;
+current: serving v0.50.0), and fails on any difference that is not listed
+here; the differences it sees name the scenarios that see them.
 `)
 	var areas []string
 	byArea := map[string][]*Difference{}
@@ -54,8 +55,11 @@ differences it sees name the scenarios that see them.
 			var seen []string
 			for _, e := range d.Observed {
 				when := ""
+				if len(e.Generations) == 1 {
+					when = ", " + e.Generations[0] + " Knative"
+				}
 				if e.Sometimes {
-					when = ", in some runs"
+					when += ", in some runs"
 				}
 				seen = append(seen, fmt.Sprintf("`%s` (`%s`%s)", e.Scenario, e.Field, when))
 			}

@@ -35,3 +35,27 @@ func TestObservedScenariosExist(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A field pattern's * stands for any run of characters, slashes included
+// (a metric's labels hold them).
+func TestFieldPatterns(t *testing.T) {
+	for _, c := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"step1.bytes", "step1.bytes", true},
+		{"step1.bytes", "step1.bytes.x", false},
+		{"step1.*", "step1.body.end", true},
+		{"step1.app*", "step1.app[0].host", true},
+		{"step1.app*", "step2.app", false},
+		{"metrics.sample.go_*", `metrics.sample.go_info{scope="go.io/x/runtime"}`, true},
+		{"a*b*c", "axxbyyc", true},
+		{"a*b*c", "axxbyy", false},
+		{"*.Date", "step1.header.Date", true},
+	} {
+		e := &Expected{Field: c.pattern}
+		if got := e.Matches(c.name); got != c.want {
+			t.Errorf("%q on %q: %v, want %v", c.pattern, c.name, got, c.want)
+		}
+	}
+}

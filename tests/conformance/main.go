@@ -16,7 +16,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -32,30 +31,61 @@ type proxy struct {
 	bin  string
 }
 
+// Generation is one generation of Knative, with the oracle of its queue-proxy.
+type Generation struct {
+	Name string
+	// Version of knative.dev/serving the oracle is built from.
+	Version string
+	// Oracle is the path of that queue-proxy.
+	Oracle string
+}
+
 // knativeEnvFile holds what a default Knative install gives a revision's
 // sidecar; qproxy's tests and the benchmark harness read it too.
 const knativeEnvFile = "../../crates/qproxy/knative-env.json"
 
-// defaultEnv is what a default Knative install gives a revision's sidecar,
-// with the app on userPort.
-func defaultEnv(userPort int) (map[string]string, error) {
+// defaultEnv is what a default install of Knative's generation gen gives a
+// revision's sidecar, with the app on userPort. Current Knative's stock
+// configuration turns request metrics off; here they are served as
+// Prometheus, as classic Knative serves them by default, so that the
+// metrics scenarios see them in both generations.
+func defaultEnv(gen string, userPort int) (map[string]string, error) {
 	raw, err := os.ReadFile(knativeEnvFile)
 	if err != nil {
 		return nil, err
 	}
-	var file struct {
-		Classic map[string]string `json:"classic"`
-	}
+	var file map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &file); err != nil {
 		return nil, fmt.Errorf("%s: %w", knativeEnvFile, err)
 	}
-	file.Classic["USER_PORT"] = strconv.Itoa(userPort)
-	return file.Classic, nil
+	env := map[string]string{}
+	for _, part := range []string{"common", gen} {
+		var vars map[string]string
+		if err := json.Unmarshal(file[part], &vars); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", knativeEnvFile, part, err)
+		}
+		for k, v := range vars {
+			env[k] = v
+		}
+	}
+	env["USER_PORT"] = strconv.Itoa(userPort)
+	if gen == "current" {
+		var o11y map[string]any
+		if err := json.Unmarshal([]byte(env["OBSERVABILITY_CONFIG"]), &o11y); err != nil {
+			return nil, fmt.Errorf("%s: OBSERVABILITY_CONFIG: %w", knativeEnvFile, err)
+		}
+		o11y["requestMetrics"] = map[string]string{"protocol": "prometheus"}
+		doc, _ := json.Marshal(o11y)
+		env["OBSERVABILITY_CONFIG"] = string(doc)
+	}
+	return env, nil
 }
 
 func main() {
 	qproxyBin := flag.String("qproxy", "../../target/debug/qproxy", "qproxy binary")
-	oracleBin := flag.String("oracle", "../../target/oracle/queue-v0.42.2", "Knative's Go queue-proxy binary")
+	classicOracle := flag.String("oracle-classic", "../../target/oracle/queue-v0.42.2", "Knative's Go queue-proxy, classic generation (serving v0.42.2)")
+	currentOracle := flag.String("oracle-current", "../../target/oracle/queue-v0.50.0", "Knative's Go queue-proxy, current generation (serving v0.50.0)")
+	onlyGeneration := flag.String("generation", "", "run only this generation: classic or current")
 	dir := flag.String("scenarios", "scenarios", "folder of scenario files")
 	expectedFile := flag.String("expected", "expected.yaml", "the known differences, explained")
 	differencesDoc := flag.String("differences", "", "write the known differences as Markdown to this file, and exit")
@@ -75,14 +105,28 @@ func main() {
 		}
 		return
 	}
-	if _, err := os.Stat(*oracleBin); os.IsNotExist(err) {
-		// Knative's queue-proxy, built from the Go module proxy.
-		build := exec.Command("../oracle/build.sh", *oracleBin)
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "conformance: building the Go queue-proxy:", err)
-			os.Exit(2)
+	var generations []Generation
+	for _, g := range []Generation{
+		{"classic", "v0.42.2", *classicOracle},
+		{"current", "v0.50.0", *currentOracle},
+	} {
+		if *onlyGeneration != "" && *onlyGeneration != g.Name {
+			continue
 		}
+		if _, err := os.Stat(g.Oracle); os.IsNotExist(err) {
+			// Knative's queue-proxy, built from the Go module proxy.
+			build := exec.Command("../oracle/build.sh", g.Version, g.Oracle)
+			build.Stdout, build.Stderr = os.Stderr, os.Stderr
+			if err := build.Run(); err != nil {
+				fmt.Fprintln(os.Stderr, "conformance: building the Go queue-proxy", g.Version+":", err)
+				os.Exit(2)
+			}
+		}
+		generations = append(generations, g)
+	}
+	if len(generations) == 0 {
+		fmt.Fprintln(os.Stderr, "conformance: no generation", *onlyGeneration, "(classic or current)")
+		os.Exit(2)
 	}
 	scenarios, err := LoadScenarios(*dir)
 	if err != nil {
@@ -96,59 +140,121 @@ func main() {
 	}
 	logs := filepath.Join(filepath.Dir(*report), "logs")
 	os.MkdirAll(logs, 0o755)
-	proxies := []proxy{{"go", *oracleBin}, {"qproxy", *qproxyBin}}
 
-	var out strings.Builder
-	fmt.Fprintf(&out, "# Conformance: qproxy against Knative's Go queue-proxy\n\n")
-	fmt.Fprintf(&out, "Run %s; oracle `%s`, qproxy `%s`.\n\n", time.Now().UTC().Format(time.RFC3339), *oracleBin, *qproxyBin)
-	fmt.Fprintf(&out, "| scenario | field | go | qproxy | verdict |\n|---|---|---|---|---|\n")
-	unexplained, ran := 0, 0
-	totals := map[string]int{}
+	// What each scenario showed in each generation, for the summary.
+	summary := map[string]map[string]string{}
+	var details strings.Builder
+	totals := map[string]map[string]int{}
+	ran := map[string]int{}
+	unexplained := 0
 	for _, sc := range scenarios {
 		if *only != "" && !strings.Contains(sc.Name, *only) {
 			continue
 		}
-		ran++
-		start := time.Now()
-		var obs [2]*Observation
-		for i, p := range proxies {
-			obs[i] = play(sc, p, logs)
-			dump(obs[i], filepath.Join(logs, sc.Name+"."+p.name+".fields"))
-		}
-		rows := compare(sc.Name, obs[0], obs[1], expected)
-		same := 0
-		for _, r := range rows {
-			switch {
-			case r.verdict == "same":
-				same++
-			default:
-				if r.verdict == "DIFFERS" {
-					unexplained++
-				}
-				fmt.Fprintf(&out, "| %s | `%s` | %s | %s | %s |\n", sc.Name, r.field, cell(r.a), cell(r.b), r.verdict)
+		summary[sc.Name] = map[string]string{}
+		for _, g := range generations {
+			if !sc.In(g.Name) {
+				summary[sc.Name][g.Name] = "(not in this generation)"
+				continue
 			}
-			totals[strings.SplitN(r.verdict, " ", 2)[0]]++
+			if totals[g.Name] == nil {
+				totals[g.Name] = map[string]int{}
+			}
+			ran[g.Name]++
+			start := time.Now()
+			var obs [2]*Observation
+			for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", *qproxyBin}} {
+				obs[i] = play(sc, g.Name, p, logs)
+				dump(obs[i], filepath.Join(logs, sc.Name+"."+g.Name+"."+p.name+".fields"))
+			}
+			rows := compare(sc.Name, g.Name, obs[0], obs[1], expected)
+			same, expectedDiffs, unexplainedHere := 0, 0, 0
+			for _, r := range rows {
+				switch r.verdict {
+				case "same":
+					same++
+				case "DIFFERS":
+					unexplainedHere++
+				default:
+					expectedDiffs++
+				}
+				if r.verdict != "same" {
+					fmt.Fprintf(&details, "| %s | %s | `%s` | %s | %s | %s |\n", sc.Name, g.Name, r.field, cell(r.a), cell(r.b), r.verdict)
+				}
+				totals[g.Name][strings.SplitN(r.verdict, " ", 2)[0]]++
+			}
+			unexplained += unexplainedHere
+			verdict := fmt.Sprintf("same (%d fields)", same)
+			if expectedDiffs > 0 {
+				verdict = fmt.Sprintf("%d same, %d as expected", same, expectedDiffs)
+			}
+			if unexplainedHere > 0 {
+				verdict = fmt.Sprintf("**%d DIFFER**, %d as expected, %d same", unexplainedHere, expectedDiffs, same)
+			}
+			summary[sc.Name][g.Name] = verdict
+			fmt.Fprintf(os.Stderr, "%-40s %-8s %3d fields, %d differ  (%s)\n", sc.Name, g.Name, len(rows), len(rows)-same, time.Since(start).Round(time.Millisecond))
 		}
-		fmt.Fprintf(&out, "| %s | all %d other fields | | | same |\n", sc.Name, same)
-		fmt.Fprintf(os.Stderr, "%-40s %3d fields, %d differ  (%s)\n", sc.Name, len(rows), len(rows)-same, time.Since(start).Round(time.Millisecond))
 	}
 	stale := 0
 	if *only == "" {
 		for _, e := range expected {
-			if !e.used && !e.Sometimes {
+			for _, g := range generations {
+				if !e.AppliesTo(g.Name) || e.used[g.Name] || e.Sometimes {
+					continue
+				}
+				if sc := findScenario(scenarios, e.Scenario); sc != nil && !sc.In(g.Name) {
+					continue
+				}
 				stale++
-				fmt.Fprintf(&out, "| %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, e.Field, e.Why.ID)
+				fmt.Fprintf(&details, "| %s | %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, g.Name, e.Field, e.Why.ID)
 			}
 		}
 	}
-	fmt.Fprintf(&out, "\n%d scenarios; fields: %d same, %d differ as expected, %d differ unexplained; %d stale expectations.\n",
-		ran, totals["same"], totals["differs"], totals["DIFFERS"], stale)
+
+	var out strings.Builder
+	fmt.Fprintf(&out, "# Conformance: qproxy against Knative's Go queue-proxy\n\n")
+	fmt.Fprintf(&out, "Run %s; qproxy `%s`.\n\n", time.Now().UTC().Format(time.RFC3339), *qproxyBin)
+	fmt.Fprintf(&out, "| scenario |")
+	for _, g := range generations {
+		fmt.Fprintf(&out, " %s (serving %s) |", g.Name, g.Version)
+	}
+	fmt.Fprintf(&out, "\n|---|")
+	for range generations {
+		fmt.Fprintf(&out, "---|")
+	}
+	fmt.Fprintln(&out)
+	for _, sc := range scenarios {
+		if summary[sc.Name] == nil {
+			continue
+		}
+		fmt.Fprintf(&out, "| %s |", sc.Name)
+		for _, g := range generations {
+			fmt.Fprintf(&out, " %s |", summary[sc.Name][g.Name])
+		}
+		fmt.Fprintln(&out)
+	}
+	fmt.Fprintf(&out, "\n## Fields that differ\n\n| scenario | generation | field | go | qproxy | verdict |\n|---|---|---|---|---|---|\n%s\n", details.String())
+	for _, g := range generations {
+		t := totals[g.Name]
+		fmt.Fprintf(&out, "%s (oracle `%s`): %d scenarios; fields: %d same, %d differ as expected, %d differ unexplained.\n",
+			g.Name, g.Oracle, ran[g.Name], t["same"], t["differs"], t["DIFFERS"])
+	}
+	fmt.Fprintf(&out, "%d stale expectations.\n", stale)
 	os.MkdirAll(filepath.Dir(*report), 0o755)
 	os.WriteFile(*report, []byte(out.String()), 0o644)
 	fmt.Print(out.String())
 	if unexplained > 0 || stale > 0 {
 		os.Exit(1)
 	}
+}
+
+func findScenario(scenarios []Scenario, name string) *Scenario {
+	for i := range scenarios {
+		if scenarios[i].Name == name {
+			return &scenarios[i]
+		}
+	}
+	return nil
 }
 
 func cell(s string) string {
@@ -166,7 +272,7 @@ type row struct{ field, a, b, verdict string }
 
 const absent = "(absent)"
 
-func compare(scenario string, a, b *Observation, expected []*Expected) []row {
+func compare(scenario, gen string, a, b *Observation, expected []*Expected) []row {
 	names := map[string]bool{}
 	var order []string
 	for _, o := range []*Observation{a, b} {
@@ -191,11 +297,11 @@ func compare(scenario string, a, b *Observation, expected []*Expected) []row {
 		if va != vb {
 			r.verdict = "DIFFERS"
 			for _, e := range expected {
-				if e.Scenario != scenario && e.Scenario != "*" {
+				if (e.Scenario != scenario && e.Scenario != "*") || !e.AppliesTo(gen) {
 					continue
 				}
-				if ok, _ := path.Match(e.Field, n); ok {
-					e.used = true
+				if e.Matches(n) {
+					e.used[gen] = true
 					r.verdict = "differs (expected: " + e.Why.ID + ", " + e.Why.Title + ")"
 					break
 				}
@@ -216,8 +322,9 @@ func dump(obs *Observation, file string) {
 }
 
 // play runs one scenario against one proxy and records what it saw. The
-// app's port, which differs between runs, reads {{USER_PORT}}.
-func play(sc Scenario, p proxy, logs string) *Observation {
+// app's port, which differs between runs, reads {{USER_PORT}}, in field
+// names (a metric's labels) as in values.
+func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 	obs := NewObservation()
 	app, err := StartApp(sc.App)
 	if err != nil {
@@ -225,13 +332,8 @@ func play(sc Scenario, p proxy, logs string) *Observation {
 		return obs
 	}
 	defer app.Stop()
-	defer func() {
-		port := strconv.Itoa(app.Port)
-		for n, v := range obs.fields {
-			obs.fields[n] = strings.ReplaceAll(v, port, "{{USER_PORT}}")
-		}
-	}()
-	env, err := defaultEnv(app.Port)
+	defer obs.Replace(strconv.Itoa(app.Port), "{{USER_PORT}}")
+	env, err := defaultEnv(gen, app.Port)
 	if err != nil {
 		obs.Set("setup", err.Error())
 		return obs
@@ -244,7 +346,7 @@ func play(sc Scenario, p proxy, logs string) *Observation {
 		vars = append(vars, k+"="+v)
 	}
 	sort.Strings(vars)
-	logFile, _ := os.Create(filepath.Join(logs, sc.Name+"."+p.name+".log"))
+	logFile, _ := os.Create(filepath.Join(logs, sc.Name+"."+gen+"."+p.name+".log"))
 	defer logFile.Close()
 	cmd := exec.Command(p.bin)
 	cmd.Env = vars

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,8 +13,10 @@ import (
 
 // Scenario is one file of scenarios/: an environment, an app, and steps.
 type Scenario struct {
-	Name        string            `yaml:"-"`
-	Description string            `yaml:"description"`
+	Name        string `yaml:"-"`
+	Description string `yaml:"description"`
+	// Generations it is played in: classic, current, or (when empty) both.
+	Generations []string          `yaml:"generations"`
 	Env         map[string]string `yaml:"env"`
 	App         AppConfig         `yaml:"app"`
 	Steps       []Step            `yaml:"steps"`
@@ -68,6 +71,11 @@ type Request struct {
 	As string `yaml:"as"`
 }
 
+// In says whether the scenario is played in generation gen.
+func (s *Scenario) In(gen string) bool {
+	return len(s.Generations) == 0 || slices.Contains(s.Generations, gen)
+}
+
 // LoadScenarios reads every *.yaml of dir, in name order.
 func LoadScenarios(dir string) ([]Scenario, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
@@ -88,6 +96,11 @@ func LoadScenarios(dir string) ([]Scenario, error) {
 			return nil, fmt.Errorf("%s: %w", f, err)
 		}
 		sc.Name = strings.TrimSuffix(filepath.Base(f), ".yaml")
+		for _, g := range sc.Generations {
+			if g != "classic" && g != "current" {
+				return nil, fmt.Errorf("%s: no generation %q (classic or current)", f, g)
+			}
+		}
 		if len(sc.Steps) == 0 {
 			return nil, fmt.Errorf("%s: no steps", f)
 		}
@@ -103,6 +116,17 @@ type Observation struct {
 }
 
 func NewObservation() *Observation { return &Observation{fields: map[string]string{}} }
+
+// Replace replaces old with new in every field's name and value.
+func (o *Observation) Replace(old, new string) {
+	fields := make(map[string]string, len(o.fields))
+	for i, n := range o.order {
+		renamed := strings.ReplaceAll(n, old, new)
+		fields[renamed] = strings.ReplaceAll(o.fields[n], old, new)
+		o.order[i] = renamed
+	}
+	o.fields = fields
+}
 
 func (o *Observation) Set(name, value string) {
 	if _, ok := o.fields[name]; !ok {
@@ -125,14 +149,43 @@ type Difference struct {
 // Expected is one place a known difference is seen: a scenario's fields.
 type Expected struct {
 	Scenario string `yaml:"scenario"`
-	// Field is a path.Match pattern over field names.
+	// Field is a pattern over field names, where * stands for any run of
+	// characters.
 	Field string `yaml:"field"`
 	// Sometimes marks a race: the difference shows in some runs only, so
 	// a run without it does not make the entry stale.
 	Sometimes bool `yaml:"sometimes"`
+	// Generations it is seen in: classic, current, or (when empty) both.
+	Generations []string `yaml:"generations"`
 	// Why is the difference seen there, set when loaded.
-	Why  *Difference `yaml:"-"`
-	used bool
+	Why *Difference `yaml:"-"`
+	// used records the generations it explained a difference in.
+	used map[string]bool
+}
+
+// Matches says whether the field named name is one the entry names.
+func (e *Expected) Matches(name string) bool {
+	parts := strings.Split(e.Field, "*")
+	if !strings.HasPrefix(name, parts[0]) {
+		return false
+	}
+	rest := name[len(parts[0]):]
+	for i, part := range parts[1:] {
+		if i == len(parts)-2 {
+			return strings.HasSuffix(rest, part)
+		}
+		at := strings.Index(rest, part)
+		if at < 0 {
+			return false
+		}
+		rest = rest[at+len(part):]
+	}
+	return rest == ""
+}
+
+// AppliesTo says whether the entry explains differences in generation gen.
+func (e *Expected) AppliesTo(gen string) bool {
+	return len(e.Generations) == 0 || slices.Contains(e.Generations, gen)
 }
 
 // LoadDifferences reads the list of known differences.
@@ -160,7 +213,13 @@ func LoadDifferences(file string) ([]*Difference, error) {
 			if e.Scenario == "" || e.Field == "" {
 				return nil, fmt.Errorf("%s: %s: every observed entry needs a scenario and a field", file, d.ID)
 			}
+			for _, g := range e.Generations {
+				if g != "classic" && g != "current" {
+					return nil, fmt.Errorf("%s: %s: no generation %q (classic or current)", file, d.ID, g)
+				}
+			}
 			e.Why = d
+			e.used = map[string]bool{}
 		}
 	}
 	return out, nil

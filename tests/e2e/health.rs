@@ -1,5 +1,5 @@
 //! Health checks and network probes, answered field by field as Knative's
-//! Go queue-proxy v0.42.2 answers them, run side by side with the same
+//! Go queue-proxy answers them, run side by side with the same
 //! environment in front of the same app.
 
 use std::net::SocketAddr;

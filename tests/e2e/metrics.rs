@@ -1,5 +1,5 @@
 //! Classic Knative's request metrics on the user metrics port (9091),
-//! compared with what Knative's Go queue-proxy v0.42.2 serves for the same
+//! compared with what Knative's Go queue-proxy (serving v0.42.2) serves for the same
 //! traffic.
 
 use std::net::SocketAddr;

@@ -1,5 +1,5 @@
 //! Request logs, compared line for line with what Knative's Go
-//! queue-proxy v0.42.2 writes for the same requests.
+//! queue-proxy writes for the same requests.
 
 use std::net::SocketAddr;
 

@@ -73,8 +73,8 @@ func podAccessor() resources.PodAccessor {
 	return resources.NewPodAccessor(corev1listers.NewPodLister(indexer), namespace, revision)
 }
 
-// knativeEnv is the environment a default Knative install gives a
-// revision's sidecar (crates/qproxy/knative-env.json, which qproxy's own
+// knativeEnv is the environment a default install of classic Knative gives
+// a revision's sidecar (crates/qproxy/knative-env.json, which qproxy's own
 // tests read too), with overrides, as a process environment.
 func knativeEnv(t *testing.T, overrides map[string]string) []string {
 	raw, err := os.ReadFile("../../crates/qproxy/knative-env.json")
@@ -82,16 +82,20 @@ func knativeEnv(t *testing.T, overrides map[string]string) []string {
 		t.Fatal(err)
 	}
 	var file struct {
+		Common  map[string]string `json:"common"`
 		Classic map[string]string `json:"classic"`
 	}
 	if err := json.Unmarshal(raw, &file); err != nil {
 		t.Fatal(err)
 	}
-	for k, v := range overrides {
-		file.Classic[k] = v
+	vars := map[string]string{}
+	for _, set := range []map[string]string{file.Common, file.Classic, overrides} {
+		for k, v := range set {
+			vars[k] = v
+		}
 	}
-	env := make([]string, 0, len(file.Classic))
-	for k, v := range file.Classic {
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
 		env = append(env, k+"="+v)
 	}
 	return env

@@ -24,7 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use crate::config::{Config, knative_defaults};
+use crate::config::{Config, Generation, knative_defaults};
 use crate::{Error, Server, shutdown_signal};
 
 type AppBody = BoxBody<Bytes, hyper::Error>;
@@ -43,7 +43,7 @@ pub async fn run() -> Result<(), Error> {
     })?;
     tokio::spawn(serve_app(app));
 
-    let mut vars = knative_defaults(app_addr.port());
+    let mut vars = knative_defaults(Generation::Classic, app_addr.port());
     // Nothing routes to the demo but its user: Ctrl-C needs no quiet period.
     vars.set("QPROXY_DRAIN_QUIET_SECONDS", "0");
     for (var, port) in [

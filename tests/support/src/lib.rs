@@ -26,7 +26,7 @@ use tokio::io::AsyncReadExt;
 
 pub use app::*;
 pub use client::*;
-pub use oracle::GoQueueProxy;
+pub use oracle::{GoQueueProxy, Oracle};
 pub use process::*;
 
 /// How long any single wait in a test may take before it fails.

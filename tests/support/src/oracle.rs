@@ -1,11 +1,15 @@
-//! Knative's Go queue-proxy (serving v0.42.2), run next to qproxy as the
-//! oracle of behaviour.
+//! Knative's Go queue-proxy, run next to qproxy as the oracle of
+//! behaviour: serving v0.42.2 for classic Knative, v0.50.0 for current
+//! Knative; [`GoQueueProxy::start`] picks the one of the generation its
+//! environment belongs to (current when `OBSERVABILITY_CONFIG` is set), as
+//! qproxy itself decides.
 //!
-//! The binary is built once from the Go module proxy by
+//! Each binary is built once from the Go module proxy by
 //! `tests/oracle/build.sh` (Go must be installed), or taken from
-//! `QPROXY_ORACLE_BIN`. The Go queue-proxy binds the admin (8022), stats
-//! (9090) and metrics (9091) ports whatever its environment says, so one
-//! runs at a time: [`GoQueueProxy::start`] waits for the previous one to go.
+//! `QPROXY_ORACLE_CLASSIC` or `QPROXY_ORACLE_CURRENT`. The Go queue-proxy
+//! binds the admin (8022), stats (9090) and metrics (9091) ports whatever
+//! its environment says, so one runs at a time: [`GoQueueProxy::start`]
+//! waits for the previous one to go.
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -22,17 +26,54 @@ use crate::{DEADLINE, closed_port, signal};
 /// The oracle's fixed ports are one machine-wide resource.
 static PORTS: LazyLock<Arc<AsyncMutex<()>>> = LazyLock::new(|| Arc::new(AsyncMutex::new(())));
 
-/// The path of the Go queue-proxy, built on first use.
-pub fn binary() -> PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY
-        .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("QPROXY_ORACLE_BIN") {
+/// A generation of Knative, and the version of its queue-proxy the tests
+/// compare with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oracle {
+    /// Classic Knative: knative.dev/serving v0.42.2 (Knative 1.15).
+    Classic,
+    /// Current Knative: knative.dev/serving v0.50.0 (Knative 1.23).
+    Current,
+}
+
+impl Oracle {
+    /// The oracle of the generation `env` belongs to.
+    pub fn of(env: &[(String, String)]) -> Self {
+        let current = env
+            .iter()
+            .any(|(k, v)| k == "OBSERVABILITY_CONFIG" && !v.is_empty());
+        if current {
+            Oracle::Current
+        } else {
+            Oracle::Classic
+        }
+    }
+
+    /// The knative.dev/serving version, a folder of `tests/oracle`.
+    pub fn version(self) -> &'static str {
+        match self {
+            Oracle::Classic => "v0.42.2",
+            Oracle::Current => "v0.50.0",
+        }
+    }
+
+    /// The path of its binary, built on first use.
+    pub fn binary(self) -> PathBuf {
+        static BINARIES: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+        let (slot, var) = match self {
+            Oracle::Classic => (&BINARIES[0], "QPROXY_ORACLE_CLASSIC"),
+            Oracle::Current => (&BINARIES[1], "QPROXY_ORACLE_CURRENT"),
+        };
+        slot.get_or_init(|| {
+            if let Some(bin) = std::env::var_os(var) {
                 return PathBuf::from(bin);
             }
-            let bin = crate::target_dir().join("oracle").join("queue-v0.42.2");
+            let bin = crate::target_dir()
+                .join("oracle")
+                .join(format!("queue-{}", self.version()));
             let script = crate::workspace().join("tests/oracle/build.sh");
             let status = Command::new(&script)
+                .arg(self.version())
                 .arg(&bin)
                 .status()
                 .unwrap_or_else(|e| {
@@ -43,11 +84,13 @@ pub fn binary() -> PathBuf {
                 });
             assert!(
                 status.success(),
-                "building the Go queue-proxy failed; see tests/oracle/build.sh"
+                "building the Go queue-proxy {} failed; see tests/oracle/build.sh",
+                self.version()
             );
             bin
         })
         .clone()
+    }
 }
 
 /// A running Go queue-proxy, killed when dropped.
@@ -62,11 +105,15 @@ pub struct GoQueueProxy {
 }
 
 impl GoQueueProxy {
-    /// Starts the Go queue-proxy with `env` (its main port replaced by a
-    /// free one) and waits until it serves.
+    /// Starts the Go queue-proxy of the generation `env` belongs to, with
+    /// `env` (its main port replaced by a free one), and waits until it
+    /// serves.
     pub async fn start(env: &[(String, String)]) -> Self {
         let ports = PORTS.clone().lock_owned().await;
-        let bin = tokio::task::spawn_blocking(binary).await.unwrap();
+        let oracle = Oracle::of(env);
+        let bin = tokio::task::spawn_blocking(move || oracle.binary())
+            .await
+            .unwrap();
         let main_port = closed_port();
         let mut child = Command::new(bin)
             .env_clear()

@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use qproxy::config::Generation;
 use serde_json::Value;
 
 use crate::DEADLINE;
@@ -87,12 +88,24 @@ pub struct QProxy {
     pub metrics: Option<SocketAddr>,
 }
 
-/// The environment a default Knative install gives a revision whose app
-/// listens on `user_port`, with every qproxy port on "any free port" and
-/// no drain quiet period (so that `SIGTERM` stops at once; the drain tests
-/// set their own).
+/// The environment a default install of classic Knative (serving v0.42)
+/// gives a revision whose app listens on `user_port`, with every qproxy
+/// port on "any free port" and no drain quiet period (so that `SIGTERM`
+/// stops at once; the drain tests set their own).
 pub fn knative_env(user_port: u16) -> Vec<(String, String)> {
-    let mut vars = qproxy::config::knative_defaults(user_port);
+    knative_env_of(Generation::Classic, user_port)
+}
+
+/// The same for current Knative (serving v0.50): its stock
+/// `OBSERVABILITY_CONFIG` in place of the classic variables.
+pub fn current_knative_env(user_port: u16) -> Vec<(String, String)> {
+    knative_env_of(Generation::Current, user_port)
+}
+
+/// The environment a default install of `generation` gives, as
+/// [`knative_env`] describes.
+pub fn knative_env_of(generation: Generation, user_port: u16) -> Vec<(String, String)> {
+    let mut vars = qproxy::config::knative_defaults(generation, user_port);
     for name in [
         "QUEUE_SERVING_PORT",
         "QPROXY_ADMIN_PORT",

@@ -21,6 +21,7 @@ mod probe;
 mod tls;
 mod vars;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 pub use logging::{Level, LevelStyle, LogOutput, Logging, Sampling, TimeStyle};
@@ -331,17 +332,23 @@ impl Config {
 /// (`crates/qproxy/knative-env.json`).
 const KNATIVE_ENV: &str = include_str!("../../knative-env.json");
 
-/// The variables a Knative reconciler sets, with the values of a default
-/// install (classic Knative) and the app on `user_port`; for tests and the
-/// demo.
-pub fn knative_defaults(user_port: u16) -> Vars {
+/// The variables a Knative reconciler of `generation` sets, with the
+/// values of a default install and the app on `user_port`; for tests and
+/// the demo.
+pub fn knative_defaults(generation: Generation, user_port: u16) -> Vars {
     #[derive(serde::Deserialize)]
     struct File {
-        classic: std::collections::HashMap<String, String>,
+        common: HashMap<String, String>,
+        classic: HashMap<String, String>,
+        current: HashMap<String, String>,
     }
     // The file is part of the build, and a unit test reads it.
     let file: File = serde_json::from_str(KNATIVE_ENV).expect("knative-env.json is a valid file");
-    let mut vars = Vars::from_pairs(file.classic);
+    let own = match generation {
+        Generation::Classic => file.classic,
+        Generation::Current => file.current,
+    };
+    let mut vars = Vars::from_pairs(file.common.into_iter().chain(own));
     vars.set("USER_PORT", user_port.to_string());
     vars
 }
@@ -351,7 +358,7 @@ mod tests {
     use super::*;
 
     fn defaults() -> Vars {
-        knative_defaults(8080)
+        knative_defaults(Generation::Classic, 8080)
     }
 
     #[test]
@@ -364,6 +371,14 @@ mod tests {
             template,
             Some(("SERVING_REQUEST_LOG_TEMPLATE", DEFAULT_REQUEST_LOG_TEMPLATE))
         );
+    }
+
+    #[test]
+    fn current_knative_s_defaults_parse_as_the_current_generation() {
+        let c = Config::from_vars(&knative_defaults(Generation::Current, 8080)).unwrap();
+        assert_eq!(c.observability.generation(), Generation::Current);
+        assert!(!c.observability.prometheus_metrics(), "off in a stock install");
+        assert_eq!(c.ports.user, 8080);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! times the app's part, the queue depth is the breaker's requests as each
 //! request passes. Probes are not measured.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::{Gauge, Key, KeyName, Label, Level, Metadata, Recorder};
@@ -167,7 +167,9 @@ enum Backend {
     Prometheus {
         recorder: PrometheusRecorder,
         handle: PrometheusHandle,
-        queue_depth: Gauge,
+        /// Registered when a breaker first records it: without one, Knative
+        /// never records the gauge, and its exposition has no such line.
+        queue_depth: OnceLock<Gauge>,
         target_info: String,
     },
     /// Exported over OTLP.
@@ -215,17 +217,13 @@ impl CurrentMetrics {
                 recorder.describe_histogram(key, None, help.into());
             }
         }
-        let queue_depth = recorder.register_gauge(
-            &Key::from_parts(QUEUE_DEPTH, labels(&QUEUE_SCOPE, [])),
-            &METADATA,
-        );
         Self {
             inner: Arc::new(Inner {
                 user_port,
                 backend: Backend::Prometheus {
                     handle: recorder.handle(),
                     recorder,
-                    queue_depth,
+                    queue_depth: OnceLock::new(),
                     target_info: target_info(revision),
                 },
             }),
@@ -394,7 +392,18 @@ impl CurrentMetrics {
     /// Sets the queue depth: the requests inside the breaker.
     pub(crate) fn set_queue_depth(&self, depth: u32) {
         match &self.inner.backend {
-            Backend::Prometheus { queue_depth, .. } => queue_depth.set(f64::from(depth)),
+            Backend::Prometheus {
+                recorder,
+                queue_depth,
+                ..
+            } => queue_depth
+                .get_or_init(|| {
+                    recorder.register_gauge(
+                        &Key::from_parts(QUEUE_DEPTH, labels(&QUEUE_SCOPE, [])),
+                        &METADATA,
+                    )
+                })
+                .set(f64::from(depth)),
             Backend::Otlp(o) => o.queue_depth.record(i64::from(depth), &[]),
         }
     }

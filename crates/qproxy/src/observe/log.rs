@@ -465,7 +465,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{Vars, knative_defaults};
+    use crate::config::{Generation, Vars, knative_defaults};
 
     /// A layer that renders with [`ZapLayer`] into memory.
     struct Capture {
@@ -497,7 +497,7 @@ mod tests {
     }
 
     fn capture_raw(logging: &Logging, now: SystemTime, f: impl FnOnce()) -> Vec<String> {
-        let vars = knative_defaults(8080);
+        let vars = knative_defaults(Generation::Classic, 8080);
         let config = crate::config::Config::from_vars(&vars).unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let layer = Capture {
@@ -686,7 +686,7 @@ mod tests {
     #[test]
     fn sampling_windows_are_one_second() {
         let cfg = logging(r#"{"sampling":{"initial":1,"thereafter":0}}"#, "");
-        let vars = knative_defaults(8080);
+        let vars = knative_defaults(Generation::Classic, 8080);
         let config = crate::config::Config::from_vars(&vars).unwrap();
         let layer = ZapLayer::with_sinks(&cfg, &config.revision, Vec::new());
         let sampler = layer.sampler.as_ref().unwrap();
@@ -698,7 +698,7 @@ mod tests {
     #[test]
     fn unopenable_output_file_falls_back_to_stderr() {
         let cfg = logging(r#"{"outputPaths":["/nonexistent-dir/q.log"]}"#, "");
-        let vars = knative_defaults(8080);
+        let vars = knative_defaults(Generation::Classic, 8080);
         let config = crate::config::Config::from_vars(&vars).unwrap();
         let (layer, problems) = ZapLayer::new(&cfg, &config.revision);
         assert_eq!(problems.len(), 1, "{problems:?}");

@@ -265,3 +265,28 @@ async fn current_knative_s_instruments_in_prometheus_text() {
     }
     assert!(!text.contains("kube-probe"), "probes are not measured");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_breaker_current_knative_shows_no_queue_depth() {
+    // Knative records the gauge only as requests pass a breaker: with
+    // `containerConcurrency` 0 its exposition has no such line at all.
+    let app = App::varied().await;
+    let env = with_vars(
+        knative_env(app.port()),
+        &[(
+            "OBSERVABILITY_CONFIG",
+            r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
+        )],
+    );
+    let qp = QProxy::start_env(&env);
+    h1(qp.main, get("/ok", &[])).await;
+    let port = qp.metrics.expect("the metrics port");
+    let text = scrape_until(
+        port,
+        &format!(
+            "kn_serving_invocation_duration_seconds_count{{http_response_status_code=\"200\",{QUEUE_SCOPE}}} 1"
+        ),
+    )
+    .await;
+    assert!(!text.contains("kn_serving_queue_depth"), "{text}");
+}

@@ -1,4 +1,4 @@
-module qproxy.test/oracle
+module qproxy.test/oracle/v0.42.2
 
 go 1.22
 
