@@ -487,6 +487,11 @@ func metricsFields() exchange {
 		if strings.HasSuffix(metric, "_bucket") || strings.HasSuffix(metric, "_sum") {
 			continue
 		}
+		// qproxy's own additions (the autoscaler's view) have no
+		// counterpart to compare with.
+		if strings.HasPrefix(metric, "qproxy_") {
+			continue
+		}
 		e["sample."+name] = value
 	}
 	return e

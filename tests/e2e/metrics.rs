@@ -9,7 +9,7 @@ use qproxy_test_support::*;
 /// The lines that do not depend on how fast each proxy is: HELP and TYPE,
 /// counts, the buckets every request of the mix falls into alike, gauges.
 fn stable_lines(text: &str) -> Vec<String> {
-    let mut lines: Vec<String> = text
+    let mut lines: Vec<String> = without_additions(text)
         .lines()
         .filter(|l| !l.is_empty())
         .filter(|l| !l.contains("_sum{"))

@@ -174,6 +174,23 @@ pub async fn scrape_until(metrics: SocketAddr, line: &str) -> String {
     }
 }
 
+/// A metrics exposition without qproxy's own additions (the `qproxy_`
+/// families, the autoscaler's view): what Knative's own exposition is
+/// compared with.
+pub fn without_additions(exposition: &str) -> String {
+    exposition
+        .lines()
+        .filter(|l| {
+            let name = l
+                .strip_prefix("# HELP ")
+                .or_else(|| l.strip_prefix("# TYPE "))
+                .unwrap_or(l);
+            !name.starts_with("qproxy_")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 /// The labels classic Knative gives every request metric of the default
 /// revision ([`crate::knative_env`]).
 pub const REVISION_LABELS: &str = "configuration_name=\"hello\",container_name=\"queue-proxy\",namespace_name=\"default\",pod_name=\"hello-00001-deployment-6d8d4bd5b-x7k2p\"";

@@ -377,7 +377,10 @@ mod tests {
     fn current_knative_s_defaults_parse_as_the_current_generation() {
         let c = Config::from_vars(&knative_defaults(Generation::Current, 8080)).unwrap();
         assert_eq!(c.observability.generation(), Generation::Current);
-        assert!(!c.observability.prometheus_metrics(), "off in a stock install");
+        assert!(
+            !c.observability.prometheus_metrics(),
+            "off in a stock install"
+        );
         assert_eq!(c.ports.user, 8080);
     }
 

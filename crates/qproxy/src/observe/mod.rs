@@ -3,9 +3,11 @@
 //!
 //! [`Observers::new`] reads which of them the configuration turns on, and
 //! for which generation of Knative; the main port's layers report to them,
-//! the user metrics port (9091) serves the metrics ([`MetricsEndpoint`]),
+//! the user metrics port (9091) serves the metrics and the autoscaler's
+//! view ([`MetricsEndpoint`]),
 //! and [`Observers::flush`] sends what the exporters still hold at exit.
 
+pub(crate) mod autoscaler_view;
 pub(crate) mod current_metrics;
 pub(crate) mod log;
 pub(crate) mod request_log;
@@ -26,6 +28,7 @@ use crate::common::body::Body;
 use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
+use autoscaler_view::AutoscalerView;
 use current_metrics::CurrentMetrics;
 use request_log::{RequestLog, SharedRequestLog};
 use request_metrics::RequestMetrics;
@@ -181,10 +184,12 @@ impl Observers {
         }))
     }
 
-    /// What the user metrics port serves.
-    pub(crate) fn metrics_endpoint(&self) -> MetricsEndpoint {
+    /// What the user metrics port serves: the request metrics, and the
+    /// autoscaler's view.
+    pub(crate) fn metrics_endpoint(&self, autoscaler: AutoscalerView) -> MetricsEndpoint {
         MetricsEndpoint {
             request_metrics: self.request_metrics.clone(),
+            autoscaler,
         }
     }
 
@@ -207,17 +212,24 @@ impl Observers {
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The user metrics server on 9091: the request metrics as Prometheus text
-/// (an empty exposition where none are kept).
+/// (none where none are kept), then the autoscaler's view
+/// ([`autoscaler_view`]).
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsEndpoint {
     request_metrics: Option<UserMetrics>,
+    autoscaler: AutoscalerView,
 }
 
 impl MetricsEndpoint {
     fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
         metrics_route(req, PROMETHEUS_TEXT, || {
-            let text = self.request_metrics.as_ref().map(UserMetrics::render);
-            text.unwrap_or_default().into()
+            let mut text = self
+                .request_metrics
+                .as_ref()
+                .map(UserMetrics::render)
+                .unwrap_or_default();
+            self.autoscaler.render(&mut text);
+            text.into()
         })
     }
 }

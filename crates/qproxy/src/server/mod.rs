@@ -28,6 +28,7 @@ use crate::common::tunnel::Tunnels;
 use crate::config::Config;
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
+use crate::observe::autoscaler_view::AutoscalerView;
 use crate::observe::{ExportError, Observers};
 use crate::profiling::{self, Profiling};
 use crate::proxy::Upstream;
@@ -216,9 +217,14 @@ fn spawn(server: Server, parts: Parts) -> Running {
     ));
     let (g, s) = (&graceful, &stopped);
     servers.spawn(small_server(server.admin, admin, g, s));
-    servers.spawn(small_server(server.stats, StatsEndpoint { reporter }, g, s));
+    let stats = StatsEndpoint {
+        reporter: reporter.clone(),
+    };
+    servers.spawn(small_server(server.stats, stats, g, s));
     if let Some(listener) = server.metrics {
-        servers.spawn(small_server(listener, observers.metrics_endpoint(), g, s));
+        let view = AutoscalerView::new(reporter.clone(), &config.revision);
+        let endpoint = observers.metrics_endpoint(view);
+        servers.spawn(small_server(listener, endpoint, g, s));
     }
     if let Some(listener) = server.profiling {
         tracing::info!("Profiling enabled: true");

@@ -16,7 +16,11 @@ async fn counts_labels_and_buckets_of_a_known_mix() {
     let app = App::varied().await;
     let qp = QProxy::start_env(&env(&app));
     let port = qp.metrics.expect("the metrics port");
-    assert_eq!(scrape(port).await, "", "nothing before the first request");
+    assert_eq!(
+        without_additions(&scrape(port).await),
+        "",
+        "no request metrics before the first request"
+    );
     play_metrics_mix(qp.main).await;
     let text = scrape_until(
         port,
@@ -227,7 +231,8 @@ async fn current_knative_s_instruments_in_prometheus_text() {
     has(format!("kn_serving_queue_depth{{{QUEUE_SCOPE}}} 1"));
     // The families and their help, as Knative's OpenTelemetry exporter
     // writes them (its Go runtime and process collectors aside).
-    let mut help: Vec<&str> = text.lines().filter(|l| l.starts_with("# ")).collect();
+    let knative = without_additions(&text);
+    let mut help: Vec<&str> = knative.lines().filter(|l| l.starts_with("# ")).collect();
     help.sort();
     assert_eq!(
         help,
@@ -289,4 +294,78 @@ async fn without_a_breaker_current_knative_shows_no_queue_depth() {
     )
     .await;
     assert!(!text.contains("kn_serving_queue_depth"), "{text}");
+}
+
+/// The value of the sample `name{labels}` in `exposition`, if any.
+fn sample(exposition: &str, name: &str) -> Option<f64> {
+    exposition.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+        let (_, value) = rest.split_once("} ")?;
+        value.parse().ok()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_autoscaler_s_view_is_served_beside_the_request_metrics_in_both_generations() {
+    for current in [false, true] {
+        let (app, mut arrived) = App::holding("held").await;
+        let mut env = knative_env(app.port());
+        if current {
+            env = with_vars(
+                env,
+                &[(
+                    "OBSERVABILITY_CONFIG",
+                    r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
+                )],
+            );
+        }
+        let qp = QProxy::start_env(&env);
+        let main = qp.main;
+        // Two requests held in the app, one of them through the activator.
+        let held: Vec<_> = [&[][..], &[("K-Proxy-Request", "activator")][..]]
+            .into_iter()
+            .map(|headers| {
+                let req = get("/", headers);
+                tokio::spawn(async move { text(h1(main, req).await).await })
+            })
+            .collect();
+        let mut releases = Vec::new();
+        for _ in 0..2 {
+            releases.push(within("a held request", arrived.recv()).await.unwrap());
+        }
+        // A whole reporting window with both in flight: the autoscaler
+        // reads 2, one of them proxied, as the stats port says too.
+        let port = qp.metrics.expect("the metrics port");
+        let deadline = std::time::Instant::now() + DEADLINE;
+        let text = loop {
+            let text = scrape(port).await;
+            let both = sample(&text, "qproxy_autoscaler_average_concurrency") == Some(2.0);
+            let one = sample(&text, "qproxy_autoscaler_average_proxied_concurrency") == Some(1.0);
+            if both && one {
+                break text;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never 2 and 1: {text}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let labels =
+            format!("{{{REVISION_LABELS},revision_name=\"hello-00001\",service_name=\"hello\"}}");
+        for name in [
+            "qproxy_autoscaler_average_concurrency",
+            "qproxy_autoscaler_average_proxied_concurrency",
+            "qproxy_autoscaler_requests_per_second",
+            "qproxy_autoscaler_proxied_requests_per_second",
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} gauge\n")), "{text}");
+            assert!(text.contains(&format!("{name}{labels} ")), "{name}: {text}");
+        }
+        for release in releases {
+            release.send(()).unwrap();
+        }
+        for h in held {
+            assert_eq!(h.await.unwrap(), "held");
+        }
+    }
 }
