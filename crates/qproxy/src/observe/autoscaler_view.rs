@@ -18,8 +18,11 @@ use autoscaler_client::{Reporter, Stat};
 
 use crate::config::Revision;
 
-/// The gauges: name, help, and the figure of the `Stat` each shows.
-const GAUGES: [(&str, &str, fn(&Stat) -> f64); 4] = [
+/// One gauge: its name, its help, and the figure of the `Stat` it shows.
+type Gauge = (&'static str, &'static str, fn(&Stat) -> f64);
+
+/// The gauges.
+const GAUGES: [Gauge; 4] = [
     (
         "qproxy_autoscaler_average_concurrency",
         "Requests in flight, time-weighted over the latest reporting window, as the autoscaler reads them from the stats port.",
