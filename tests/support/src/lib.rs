@@ -1,7 +1,7 @@
 //! What qproxy's tests share: the real `qproxy` binary run as a child
 //! process ([`process`]), real apps on loopback ([`app`]), clients
-//! ([`client`]), and Knative's own Go queue-proxy run beside it as the
-//! oracle ([`oracle`]).
+//! ([`client`]), collectors of what it exports ([`collector`]), and
+//! Knative's own Go queue-proxy run beside it as the oracle ([`oracle`]).
 //!
 //! Nothing waits by sleeping: every wait is on a condition with a deadline
 //! ([`DEADLINE`]). Everything is re-exported here, so that a test can
@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod client;
+pub mod collector;
 pub mod oracle;
 pub mod process;
 

@@ -3,233 +3,12 @@
 //! gRPC and HTTP for current Knative), their parent/child relations, and
 //! the trace context the app receives.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::any_value;
-use prost::Message;
+use qproxy_test_support::collector::{otlp_grpc, otlp_http, trace_spans, zipkin};
 use qproxy_test_support::*;
-use serde_json::Value;
-use tokio::net::TcpListener;
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const PARENT: &str = "b7ad6b7169203331";
-
-/// A span as received, whatever the format.
-#[derive(Debug, Clone)]
-struct Got {
-    trace: String,
-    id: String,
-    parent: String,
-    name: String,
-    kind: String,
-    attributes: HashMap<String, String>,
-    service: String,
-}
-
-type Spans = Arc<Mutex<Vec<Got>>>;
-
-async fn serve_http(
-    handler: impl Fn(
-        Request<Incoming>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-    + Clone
-    + Send
-    + Sync
-    + 'static,
-) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let handler = handler.clone();
-                    async move {
-                        handler(req).await;
-                        Ok::<_, std::convert::Infallible>(Response::new(empty()))
-                    }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
-/// A Zipkin collector: `POST /api/v2/spans` with a JSON array.
-async fn zipkin() -> (SocketAddr, Spans) {
-    let spans = Spans::default();
-    let sink = spans.clone();
-    let addr = serve_http(move |req| {
-        let sink = sink.clone();
-        Box::pin(async move {
-            assert_eq!(req.uri().path(), "/api/v2/spans");
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            let batch: Vec<Value> = serde_json::from_slice(&body).unwrap();
-            let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
-            sink.lock().unwrap().extend(batch.iter().map(|s| {
-                Got {
-                    trace: text(&s["traceId"]),
-                    id: text(&s["id"]),
-                    parent: text(&s["parentId"]),
-                    name: text(&s["name"]),
-                    kind: text(&s["kind"]),
-                    attributes: s["tags"]
-                        .as_object()
-                        .map(|t| t.iter().map(|(k, v)| (k.clone(), text(v))).collect())
-                        .unwrap_or_default(),
-                    service: format!(
-                        "{}@{}",
-                        text(&s["localEndpoint"]["serviceName"]),
-                        text(&s["localEndpoint"]["ipv4"])
-                    ),
-                }
-            }));
-        })
-    })
-    .await;
-    (addr, spans)
-}
-
-fn otlp_spans(req: ExportTraceServiceRequest) -> Vec<Got> {
-    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let value = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
-        .as_ref()
-        .and_then(|v| v.value.clone())
-    {
-        Some(any_value::Value::StringValue(s)) => s,
-        Some(any_value::Value::IntValue(i)) => i.to_string(),
-        Some(other) => format!("{other:?}"),
-        None => String::new(),
-    };
-    let mut out = Vec::new();
-    for rs in req.resource_spans {
-        let service = rs
-            .resource
-            .iter()
-            .flat_map(|r| &r.attributes)
-            .find(|a| a.key == "service.name")
-            .map(|a| value(&a.value))
-            .unwrap_or_default();
-        for ss in rs.scope_spans {
-            for s in ss.spans {
-                out.push(Got {
-                    trace: hex(&s.trace_id),
-                    id: hex(&s.span_id),
-                    parent: hex(&s.parent_span_id),
-                    name: s.name.clone(),
-                    kind: format!("{:?}", s.kind()),
-                    attributes: s
-                        .attributes
-                        .iter()
-                        .map(|a| (a.key.clone(), value(&a.value)))
-                        .collect(),
-                    service: service.clone(),
-                });
-            }
-        }
-    }
-    out
-}
-
-struct Collector(Spans);
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.0
-            .lock()
-            .unwrap()
-            .extend(otlp_spans(request.into_inner()));
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-/// An OTLP collector over gRPC.
-async fn otlp_grpc() -> (SocketAddr, Spans) {
-    let spans = Spans::default();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let service = TraceServiceServer::new(Collector(spans.clone()));
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    (addr, spans)
-}
-
-/// An OTLP collector over HTTP/protobuf: `POST /v1/traces`.
-async fn otlp_http() -> (SocketAddr, Spans) {
-    let spans = Spans::default();
-    let sink = spans.clone();
-    let addr = serve_http(move |req| {
-        let sink = sink.clone();
-        Box::pin(async move {
-            assert_eq!(req.uri().path(), "/v1/traces");
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            let request = ExportTraceServiceRequest::decode(body).unwrap();
-            sink.lock().unwrap().extend(otlp_spans(request));
-        })
-    })
-    .await;
-    (addr, spans)
-}
-
-/// Waits until `n` spans of `trace` have arrived; returns them by name
-/// (and kind, for the HTTP ones: classic Knative names both after the
-/// path).
-async fn trace_spans(spans: &Spans, trace: &str, n: usize) -> HashMap<String, Got> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let got: Vec<Got> = spans
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.trace == trace)
-            .cloned()
-            .collect();
-        if got.len() >= n {
-            assert_eq!(got.len(), n, "{got:#?}");
-            return got
-                .into_iter()
-                .map(|s| match s.kind.to_ascii_uppercase().as_str() {
-                    kind @ ("SERVER" | "CLIENT") => (format!("{kind} {}", s.name), s),
-                    _ => (s.name.clone(), s),
-                })
-                .collect();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} spans of {trace}: {:#?}",
-            got.len(),
-            spans.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn header(seen: &Seen, name: &str) -> String {
     seen.headers
@@ -328,11 +107,12 @@ fn current_env(app: &App, protocol: &str, endpoint: &str, rate: f64) -> Vec<(Str
 #[tokio::test(flavor = "multi_thread")]
 async fn current_knative_sends_otlp_spans_over_grpc() {
     let app = App::hello().await;
-    let (collector, spans) = otlp_grpc().await;
+    let collector = otlp_grpc().await;
+    let spans = collector.spans;
     let qp = QProxy::start_env(&current_env(
         &app,
         "grpc",
-        &format!("http://{collector}"),
+        &format!("http://{}", collector.addr),
         1.0,
     ));
     let incoming = traceparent(TRACE, PARENT, "01");
