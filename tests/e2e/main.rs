@@ -12,6 +12,7 @@
 // A test fails by panicking, with what went wrong.
 #![allow(clippy::unwrap_used)]
 
+mod current;
 mod go_template;
 mod health;
 mod image;

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use http_body_util::BodyExt;
+use qproxy::config::Generation;
 use qproxy_test_support::*;
 
 /// Everything a template can see that does not depend on timing or on
@@ -65,6 +66,9 @@ async fn play(main: SocketAddr) {
     }
 }
 
+/// Both generations of Knative.
+const GENERATIONS: [Generation; 2] = [Generation::Classic, Generation::Current];
+
 /// Waits until `lines` has `n` request log lines (`RL ...`).
 async fn wait_lines(what: &str, n: usize, lines: impl Fn() -> Vec<String>) -> Vec<String> {
     wait_lines_with(what, n, "RL ", lines).await
@@ -72,10 +76,13 @@ async fn wait_lines(what: &str, n: usize, lines: impl Fn() -> Vec<String>) -> Ve
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
-async fn lines_match_the_go_queue_proxy() {
+async fn lines_match_the_go_queue_proxy_in_both_generations() {
     let app = App::varied().await;
-    for probes in [false, true] {
-        let env = with_request_log(knative_env(app.port()), TEMPLATE, probes);
+    for (generation, probes) in GENERATIONS
+        .into_iter()
+        .flat_map(|g| [(g, false), (g, true)])
+    {
+        let env = request_log_env(generation, app.port(), TEMPLATE, probes);
         let expected = play_count(probes);
 
         let go = GoQueueProxy::start(&env).await;
@@ -86,7 +93,7 @@ async fn lines_match_the_go_queue_proxy() {
         let qp = QProxy::start_env(&env);
         play(qp.main).await;
         let got = wait_lines("qproxy", expected, || qp.raw_lines()).await;
-        assert_eq!(got, want, "probe logging {probes}");
+        assert_eq!(got, want, "{generation:?}, probe logging {probes}");
         assert_eq!(got.len(), expected);
     }
 }
@@ -100,24 +107,32 @@ fn play_count(probes: bool) -> usize {
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn upgrades_and_cut_responses_are_logged_as_go_logs_them() {
     let port = upgrade_and_abort_app().await;
-    let env = with_request_log(
-        knative_env(port),
-        "RL {{.Request.Method}} {{.Request.RequestURI}} {{.Response.Code}} {{.Response.Size}}",
-        false,
-    );
+    for generation in GENERATIONS {
+        let env = request_log_env(
+            generation,
+            port,
+            "RL {{.Request.Method}} {{.Request.RequestURI}} {{.Response.Code}} {{.Response.Size}}",
+            false,
+        );
 
-    let go = GoQueueProxy::start(&env).await;
-    play_upgrade_and_abort(go.main).await;
-    let want = wait_lines("Go", 2, || go.output()).await;
-    drop(go);
+        let go = GoQueueProxy::start(&env).await;
+        play_upgrade_and_abort(go.main).await;
+        let want = wait_lines("Go", 2, || go.output()).await;
+        drop(go);
 
-    let qp = QProxy::start_env(&env);
-    play_upgrade_and_abort(qp.main).await;
-    let got = wait_lines("qproxy", 2, || qp.raw_lines()).await;
-    // The upgrade is a 200 with nothing written through the handlers, the
-    // cut response a 500 with no size, as Go's aborted handler records it.
-    assert_eq!(got, ["RL GET /cut 500 0", "RL GET /ws 200 0"]);
-    assert_eq!(got, want);
+        let qp = QProxy::start_env(&env);
+        play_upgrade_and_abort(qp.main).await;
+        let got = wait_lines("qproxy", 2, || qp.raw_lines()).await;
+        // The upgrade is a 200 with nothing written through the handlers,
+        // the cut response a 500 with no size, as Go's aborted handler
+        // records it.
+        assert_eq!(
+            got,
+            ["RL GET /cut 500 0", "RL GET /ws 200 0"],
+            "{generation:?}"
+        );
+        assert_eq!(got, want, "{generation:?}");
+    }
 }
 
 /// A line of Knative's default template with what depends on timing or on
@@ -157,14 +172,24 @@ async fn default_lines(
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
-async fn knative_s_default_template_matches_the_go_queue_proxy() {
+async fn knative_s_default_template_matches_the_go_queue_proxy_in_both_generations() {
+    for generation in GENERATIONS {
+        default_template_matches(generation).await;
+    }
+}
+
+async fn default_template_matches(generation: Generation) {
     let app = App::varied().await;
-    // Classic Knative's default, as its config-observability carries it.
-    let template = qproxy::config::DEFAULT_REQUEST_LOG_TEMPLATE.replace(
-        r#""{{.TraceID}}""#,
-        r#""{{index .Request.Header "X-B3-Traceid"}}""#,
-    );
-    let env = with_request_log(knative_env(app.port()), &template, false);
+    let template = match generation {
+        // Classic Knative's default, as its config-observability carries
+        // it (the trace ID of an OpenCensus span is not a template field).
+        Generation::Classic => qproxy::config::DEFAULT_REQUEST_LOG_TEMPLATE.replace(
+            r#""{{.TraceID}}""#,
+            r#""{{index .Request.Header "X-B3-Traceid"}}""#,
+        ),
+        Generation::Current => qproxy::config::DEFAULT_REQUEST_LOG_TEMPLATE.to_owned(),
+    };
+    let env = request_log_env(generation, app.port(), &template, false);
     async fn play(main: SocketAddr) {
         let traced = get(
             "/ok?q=%3Cx%3E&r=1",
@@ -172,6 +197,10 @@ async fn knative_s_default_template_matches_the_go_queue_proxy() {
                 ("User-Agent", "curl/8 \"quoted\""),
                 ("Referer", "https://example.com/?a=b&c=d"),
                 ("X-B3-TraceId", "463ac35c9f6413ad"),
+                (
+                    "traceparent",
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                ),
             ],
         );
         h1(main, traced).await.collect().await.unwrap();
@@ -203,5 +232,5 @@ async fn knative_s_default_template_matches_the_go_queue_proxy() {
             .collect()
     })
     .await;
-    assert_eq!(got, want);
+    assert_eq!(got, want, "{generation:?}");
 }

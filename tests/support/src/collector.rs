@@ -50,7 +50,7 @@ pub struct Span {
     pub service: String,
     /// OTLP: the resource's attributes, as text.
     pub resource: HashMap<String, String>,
-    /// OTLP: the instrumentation scope's name.
+    /// OTLP: the instrumentation scope, `name@version`.
     pub scope: String,
 }
 

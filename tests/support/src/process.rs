@@ -129,6 +129,23 @@ pub fn with_vars(mut env: Vec<(String, String)>, vars: &[(&str, &str)]) -> Vec<(
     env
 }
 
+/// `env` with the top-level keys of `patch` set in its
+/// `OBSERVABILITY_CONFIG` (current Knative's settings), the others kept.
+pub fn with_observability(env: Vec<(String, String)>, patch: &Value) -> Vec<(String, String)> {
+    let current = env
+        .iter()
+        .find(|(k, _)| k == "OBSERVABILITY_CONFIG")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("{}");
+    let mut doc: Value = serde_json::from_str(current).expect("OBSERVABILITY_CONFIG is JSON");
+    if let (Some(doc), Some(patch)) = (doc.as_object_mut(), patch.as_object()) {
+        for (k, v) in patch {
+            doc.insert(k.clone(), v.clone());
+        }
+    }
+    with_vars(env, &[("OBSERVABILITY_CONFIG", &doc.to_string())])
+}
+
 /// `env` with request logs on, written by `template`, probes included if
 /// `probes`.
 pub fn with_request_log(
@@ -147,6 +164,28 @@ pub fn with_request_log(
             ),
         ],
     )
+}
+
+/// The environment of a default install of `generation` with request
+/// logs on, written by `template`, probes included if `probes`: classic
+/// Knative's variables, or current Knative's `OBSERVABILITY_CONFIG`.
+pub fn request_log_env(
+    generation: Generation,
+    user_port: u16,
+    template: &str,
+    probes: bool,
+) -> Vec<(String, String)> {
+    match generation {
+        Generation::Classic => with_request_log(knative_env(user_port), template, probes),
+        Generation::Current => with_observability(
+            current_knative_env(user_port),
+            &serde_json::json!({
+                "enableRequestLog": true,
+                "requestLogTemplate": template,
+                "enableProbeRequestLog": probes,
+            }),
+        ),
+    }
 }
 
 /// Runs `qproxy` with exactly `env` (nothing inherited) and waits for it to exit.

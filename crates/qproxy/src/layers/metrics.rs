@@ -11,9 +11,12 @@
 //! proxy error handler answers it; a response whose body was cut off (the
 //! app failed, the client left) counts as a `500`, as Knative's handlers
 //! record the proxy's aborted handler; an upgrade counts as a `200`, since
-//! Go's proxy writes the `101` past the handlers. Probes are not measured (but the queue
-//! depth is taken as they pass, as Knative takes it). Without request
-//! metrics, the layer passes everything through untouched.
+//! Go's proxy writes the `101` past the handlers. Probes are not measured
+//! (but the queue depth is taken as they pass, as Knative takes it), but
+//! for one case: current Knative's HTTP client measures every request it
+//! sends the app, a probe passed on (`K-Kubelet-Probe`) too, without a
+//! route tag. Without request metrics, the layer passes everything through
+//! untouched.
 //!
 //! The same two places feed classic Knative's series
 //! ([`crate::observe::request_metrics`]) or current Knative's instruments
@@ -101,8 +104,17 @@ where
             // Taken for every request, probes too, as Knative takes it.
             metrics.set_queue_depth(breaker.in_flight());
         }
+        // Probes are not measured, but for current Knative's HTTP client
+        // (see `HttpAttributes`), which measures those the proxy passes on.
+        let measured = |metrics: &UserMetrics| {
+            !is_probe(req.headers())
+                || matches!(
+                    (metrics, layer.scope),
+                    (UserMetrics::Current(_), Scope::App)
+                )
+        };
         let measuring = match &layer.metrics {
-            Some(metrics) if !is_probe(req.headers()) => {
+            Some(metrics) if measured(metrics) => {
                 let series = match metrics {
                     UserMetrics::Classic(m) => {
                         let tag = match layer.scope {

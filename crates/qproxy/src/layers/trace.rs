@@ -18,7 +18,7 @@ use tower::{Layer, Service};
 use crate::common::body::{Guarded, GuardedFuture, Settle};
 use crate::common::headers::{is_kubelet_probe, is_probe};
 use crate::config::Generation;
-use crate::observe::traces::Traces;
+use crate::observe::traces::{Sizes, Traces};
 
 /// Where in the stack a [`Trace`] layer sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,7 @@ struct ProxySpans {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Trace<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: http_body::Body,
     ResBody: http_body::Body,
 {
     type Response = Response<TracedBody<ResBody>>;
@@ -117,7 +118,11 @@ where
 }
 
 /// Starts this position's span for `req`; what ends it.
-fn start<B>(traces: &Traces, position: Position, req: &mut Request<B>) -> Option<Spanned> {
+fn start<B: http_body::Body>(
+    traces: &Traces,
+    position: Position,
+    req: &mut Request<B>,
+) -> Option<Spanned> {
     match position {
         Position::Server(remote) => {
             // Current Knative's handler skips every probe.
@@ -128,7 +133,9 @@ fn start<B>(traces: &Traces, position: Position, req: &mut Request<B>) -> Option
             let span = traces.server_span(req, &parent, remote);
             let cx = parent.with_span(span);
             req.extensions_mut().insert(ServerSpan(cx.clone()));
-            Some(Spanned::http(traces, cx, false))
+            let read = req.body().size_hint().exact().unwrap_or(0);
+            let sizes = Sizes { read, written: 0 };
+            Some(Spanned::http(traces, cx, Some(sizes)))
         }
         Position::Proxy { breaker } => {
             let ServerSpan(server) = req.extensions().get::<ServerSpan>()?.clone();
@@ -150,7 +157,18 @@ fn start<B>(traces: &Traces, position: Position, req: &mut Request<B>) -> Option
             })
         }
         Position::Client => {
-            let ProxySpans { proxy, wait } = req.extensions_mut().remove::<ProxySpans>()?;
+            let Some(ProxySpans { proxy, wait }) = req.extensions_mut().remove::<ProxySpans>()
+            else {
+                // Current Knative's HTTP client traces every request it
+                // sends, a probe passed on to the app too: with no server
+                // span to follow, as the root of a trace of its own.
+                if traces.generation() == Generation::Current && is_probe(req.headers()) {
+                    let root = Context::new();
+                    let span = traces.client_span(req, &root);
+                    return Some(Spanned::http(traces, root.with_span(span), None));
+                }
+                return None;
+            };
             // The slot is taken: the wait is over.
             if let Some(wait) = &wait {
                 wait.span().end();
@@ -161,7 +179,7 @@ fn start<B>(traces: &Traces, position: Position, req: &mut Request<B>) -> Option
                 _ => proxy,
             };
             let span = traces.client_span(req, &parent);
-            Some(Spanned::http(traces, parent.with_span(span), true))
+            Some(Spanned::http(traces, parent.with_span(span), None))
         }
     }
 }
@@ -169,8 +187,9 @@ fn start<B>(traces: &Traces, position: Position, req: &mut Request<B>) -> Option
 /// How a span ends.
 #[derive(Debug, Clone, Copy)]
 enum Kind {
-    /// With the response's status; `client` for the app's.
-    Http { client: bool },
+    /// With the response's status; and for a server span (not the client
+    /// span to the app), the body sizes.
+    Http { sizes: Option<Sizes> },
     /// Plainly.
     Internal,
 }
@@ -185,11 +204,11 @@ pub(crate) struct Spanned {
 }
 
 impl Spanned {
-    fn http(traces: &Traces, cx: Context, client: bool) -> Self {
+    fn http(traces: &Traces, cx: Context, sizes: Option<Sizes>) -> Self {
         Self {
             traces: traces.clone(),
             cx,
-            kind: Kind::Http { client },
+            kind: Kind::Http { sizes },
             status: None,
         }
     }
@@ -199,12 +218,18 @@ impl Settle for Spanned {
     fn answered(&mut self, status: StatusCode) {
         self.status = Some(status);
     }
+
+    fn data(&mut self, len: usize) {
+        if let Kind::Http { sizes: Some(sizes) } = &mut self.kind {
+            sizes.written += len as u64;
+        }
+    }
 }
 
 impl Drop for Spanned {
     fn drop(&mut self) {
         match self.kind {
-            Kind::Http { client } => self.traces.end_http(&self.cx, self.status, client),
+            Kind::Http { sizes } => self.traces.end_http(&self.cx, self.status, sizes),
             Kind::Internal => self.cx.span().end(),
         }
     }

@@ -38,25 +38,24 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 use opentelemetry_sdk::runtime::Tokio;
 
+use crate::common::headers::is_probe;
 use crate::config::{MetricsConfig, MetricsProtocol, Revision};
-use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint, service_name};
+use crate::observe::semconv::RouteTag;
+use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint};
 use crate::observe::{ExportError, Signal, semconv};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
 /// The HTTP instruments' scope (Go's otelhttp).
 const HTTP_SCOPE: [(&str, &str); 3] = [
-    (
-        "otel_scope_name",
-        "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp",
-    ),
+    ("otel_scope_name", semconv::OTELHTTP_SCOPE),
     ("otel_scope_schema_url", ""),
-    ("otel_scope_version", "0.69.0"),
+    ("otel_scope_version", semconv::OTELHTTP_VERSION),
 ];
 
 /// Knative's own instruments' scope.
 const QUEUE_SCOPE: [(&str, &str); 3] = [
-    ("otel_scope_name", "knative.dev/serving/pkg/queue"),
+    ("otel_scope_name", semconv::QUEUE_SCOPE),
     ("otel_scope_schema_url", ""),
     ("otel_scope_version", ""),
 ];
@@ -97,9 +96,12 @@ pub(crate) struct HttpAttributes {
     version: &'static str,
     host: String,
     port: Option<String>,
-    route_tag: &'static str,
-    route_tag_value: Option<String>,
+    route_tag: RouteTag,
     request_size: u64,
+    /// A probe the proxy passes to the app (`K-Kubelet-Probe`): Knative's
+    /// HTTP client measures it, without a route tag, which only the
+    /// server's handlers, which skip probes, would have set.
+    probe: bool,
 }
 
 impl HttpAttributes {
@@ -107,41 +109,20 @@ impl HttpAttributes {
     pub(crate) fn of<B: http_body::Body>(req: &http::Request<B>) -> Self {
         let headers = req.headers();
         let (host, port) = semconv::split_host(semconv::host(req));
-        let (route_tag, route_tag_value) = route_tag(headers);
+        let route_tag = RouteTag::of(headers);
         Self {
             method: semconv::method(req.method()),
             version: semconv::protocol_version(req.version()),
             host: host.to_owned(),
             port: port.map(str::to_owned),
             route_tag,
-            route_tag_value,
             request_size: req.body().size_hint().exact().unwrap_or(0),
+            probe: is_probe(headers),
         }
     }
 
     fn tag(&self) -> String {
-        self.route_tag_value
-            .clone()
-            .unwrap_or_else(|| self.route_tag.to_owned())
-    }
-}
-
-/// Current Knative's route tag: the `Knative-Serving-Tag`, or
-/// `kn:default`, `kn:undefined`, `kn:disabled`.
-fn route_tag(headers: &http::HeaderMap) -> (&'static str, Option<String>) {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-    };
-    let tag = get("knative-serving-tag");
-    let default_route = get("knative-serving-default-route");
-    match (tag, default_route) {
-        ("", "") => ("kn:disabled", None),
-        ("", _) => ("kn:default", None),
-        (_, "true") => ("kn:undefined", None),
-        (tag, _) => ("", Some(tag.to_owned())),
+        self.route_tag.to_string()
     }
 }
 
@@ -361,13 +342,15 @@ impl CurrentMetrics {
         let seconds = duration.as_secs_f64();
         match &self.inner.backend {
             Backend::Prometheus { recorder, .. } => {
-                let invocation = labels(
-                    &QUEUE_SCOPE,
-                    [("http_response_status_code", status.to_string())],
-                );
-                recorder
-                    .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
-                    .record(seconds);
+                if !attributes.probe {
+                    let invocation = labels(
+                        &QUEUE_SCOPE,
+                        [("http_response_status_code", status.to_string())],
+                    );
+                    recorder
+                        .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
+                        .record(seconds);
+                }
                 let labels = prometheus_labels(&attrs);
                 recorder
                     .register_histogram(
@@ -380,8 +363,10 @@ impl CurrentMetrics {
                     .record(attributes.request_size as f64);
             }
             Backend::Otlp(o) => {
-                let status = KeyValue::new("http.response.status_code", i64::from(status));
-                o.invocation.record(seconds, &[status]);
+                if !attributes.probe {
+                    let status = KeyValue::new("http.response.status_code", i64::from(status));
+                    o.invocation.record(seconds, &[status]);
+                }
                 let kv = key_values(&attrs);
                 o.client_duration.record(seconds, &kv);
                 o.client_request_size.record(attributes.request_size, &kv);
@@ -459,12 +444,16 @@ fn http_attributes(
     let mut attrs = vec![
         ("http.request.method", Str(a.method.to_owned())),
         ("http.response.status_code", Int(i64::from(status))),
-        ("kn.route.tag", Str(a.tag())),
+    ];
+    if !a.probe {
+        attrs.push(("kn.route.tag", Str(a.tag())));
+    }
+    attrs.extend([
         ("network.protocol.name", Str("http".to_owned())),
         ("network.protocol.version", Str(a.version.to_owned())),
         ("server.address", Str(address.to_owned())),
         ("url.scheme", Str("http".to_owned())),
-    ];
+    ]);
     if let Some(port) = port.and_then(|p| p.parse().ok()) {
         attrs.push(("server.port", Int(port)));
     }
@@ -518,36 +507,18 @@ fn labels(
 
 /// The `target_info` family: the resource current Knative describes the
 /// queue-proxy with.
+/// `target_info`: the resource OTLP exports carry ([`current_resource`]),
+/// as the OpenTelemetry Prometheus exporter writes it, with `_` for `.`.
 fn target_info(revision: &Revision) -> String {
-    let service_name = service_name(revision);
-    let mut labels = vec![
-        ("container_name", "queue-proxy".to_owned()),
-        ("k8s_namespace_name", revision.namespace.clone()),
-        ("k8s_pod_name", revision.pod.clone()),
-        ("service_instance_id", revision.pod.clone()),
-        ("service_name", service_name.to_owned()),
-        ("service_version", env!("CARGO_PKG_VERSION").to_owned()),
-        ("telemetry_sdk_language", "rust".to_owned()),
-        ("telemetry_sdk_name", "qproxy".to_owned()),
-        (
-            "telemetry_sdk_version",
-            env!("CARGO_PKG_VERSION").to_owned(),
-        ),
-    ];
-    for (key, value) in [
-        ("kn_service_name", &revision.service),
-        ("kn_configuration_name", &revision.configuration),
-        ("kn_revision_name", &revision.name),
-    ] {
-        if !value.is_empty() {
-            labels.push((key, value.clone()));
-        }
-    }
-    labels.sort_by_key(|(k, _)| *k);
-    let labels: Vec<String> = labels
+    let resource = current_resource(revision);
+    let mut labels: Vec<String> = resource
         .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .map(|(k, v)| {
+            let value = v.to_string();
+            format!("{}=\"{}\"", k.as_str().replace('.', "_"), escape(&value))
+        })
         .collect();
+    labels.sort();
     format!(
         "# HELP target_info Target metadata\n# TYPE target_info gauge\ntarget_info{{{}}} 1\n",
         labels.join(",")

@@ -4,8 +4,62 @@
 //! request target.
 
 use std::borrow::Cow;
+use std::fmt;
 
-use http::{Method, Request, Uri, Version};
+use http::{HeaderMap, Method, Request, Uri, Version};
+
+use crate::common::headers::{KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG};
+
+/// The instrumentation scope of current Knative's HTTP spans and
+/// instruments: Go's otelhttp, which Knative's queue-proxy wraps its
+/// server and its client in.
+pub(crate) const OTELHTTP_SCOPE: &str =
+    "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp";
+/// The version of otelhttp current Knative's queue-proxy (serving v0.50)
+/// is built with.
+pub(crate) const OTELHTTP_VERSION: &str = "0.69.0";
+/// The instrumentation scope of Knative's own spans and instruments.
+pub(crate) const QUEUE_SCOPE: &str = "knative.dev/serving/pkg/queue";
+
+/// Current Knative's route tag (`kn.route.tag`): the `Knative-Serving-Tag`,
+/// or `kn:default`, `kn:undefined`, `kn:disabled`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RouteTag {
+    /// A named tag.
+    Tag(String),
+    /// One of Knative's own values.
+    Known(&'static str),
+}
+
+impl RouteTag {
+    /// The route tag of a request with `headers`.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let get = |name| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        };
+        match (
+            get(&KNATIVE_SERVING_TAG),
+            get(&KNATIVE_SERVING_DEFAULT_ROUTE),
+        ) {
+            ("", "") => RouteTag::Known("kn:disabled"),
+            ("", _) => RouteTag::Known("kn:default"),
+            (_, "true") => RouteTag::Known("kn:undefined"),
+            (tag, _) => RouteTag::Tag(tag.to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for RouteTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteTag::Tag(tag) => f.write_str(tag),
+            RouteTag::Known(known) => f.write_str(known),
+        }
+    }
+}
 
 /// `http.request.method`: one of the methods HTTP defines, else `_OTHER`.
 pub(crate) fn method(method: &Method) -> &'static str {

@@ -32,7 +32,7 @@ use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer as _, TracerProvider as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
@@ -44,7 +44,9 @@ use opentelemetry_sdk::trace::{
     ShouldSample,
 };
 
+use crate::common::headers::X_FORWARDED_FOR;
 use crate::config::{Generation, Observability, Revision, TracingBackend, TracingProtocol};
+use crate::observe::semconv::RouteTag;
 use crate::observe::zipkin::ZipkinExporter;
 use crate::observe::{ExportError, Signal, semconv};
 
@@ -55,7 +57,10 @@ pub(crate) type Span = opentelemetry_sdk::trace::Span;
 #[derive(Debug, Clone)]
 pub(crate) struct Traces {
     provider: SdkTracerProvider,
+    /// Knative's own spans (the proxy and the wait).
     tracer: SdkTracer,
+    /// The server and client spans: under current Knative, otelhttp's.
+    http_tracer: SdkTracer,
     generation: Generation,
     app: SocketAddr,
 }
@@ -156,10 +161,19 @@ impl Traces {
             .with_sampler(sampler)
             .with_resource(resource)
             .build();
-        let tracer = provider.tracer("knative.dev/serving/pkg/queue");
+        let tracer = provider.tracer(semconv::QUEUE_SCOPE);
+        let http_tracer = match observability.generation() {
+            Generation::Classic => tracer.clone(),
+            Generation::Current => provider.tracer_with_scope(
+                InstrumentationScope::builder(semconv::OTELHTTP_SCOPE)
+                    .with_version(semconv::OTELHTTP_VERSION)
+                    .build(),
+            ),
+        };
         Ok(Some(Traces {
             provider,
             tracer,
+            http_tracer,
             generation: observability.generation(),
             app,
         }))
@@ -222,13 +236,23 @@ impl Traces {
             }
             Generation::Current => {
                 let (address, port) = semconv::split_host(host);
+                // otelhttp's client: the first `X-Forwarded-For`, else the peer.
+                let client = headers
+                    .get(X_FORWARDED_FOR)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|xff| xff.split(',').next().unwrap_or(xff))
+                    .filter(|c| !c.is_empty())
+                    .map_or_else(|| remote.ip().to_string(), str::to_owned);
                 attributes.extend([
                     KeyValue::new("http.request.method", semconv::method(req.method())),
                     KeyValue::new("url.scheme", "http"),
                     KeyValue::new("server.address", address.to_owned()),
                     KeyValue::new("network.peer.address", remote.ip().to_string()),
                     KeyValue::new("network.peer.port", i64::from(remote.port())),
+                    KeyValue::new("client.address", client),
                     KeyValue::new("url.path", req.uri().path().to_owned()),
+                    // Knative's route tag handler, inside otelhttp's.
+                    KeyValue::new("kn.route.tag", RouteTag::of(headers).to_string()),
                     KeyValue::new(
                         "network.protocol.version",
                         semconv::protocol_version(req.version()),
@@ -243,11 +267,11 @@ impl Traces {
                 Cow::Borrowed(semconv::span_name(req.method()))
             }
         };
-        self.tracer
+        self.http_tracer
             .span_builder(name)
             .with_kind(SpanKind::Server)
             .with_attributes(attributes)
-            .start_with_context(&self.tracer, parent)
+            .start_with_context(&self.http_tracer, parent)
     }
 
     /// An internal span, child of `parent`: the proxying (`wait` false) or
@@ -302,11 +326,11 @@ impl Traces {
             ),
         };
         let span = self
-            .tracer
+            .http_tracer
             .span_builder(name)
             .with_kind(SpanKind::Client)
             .with_attributes(attributes)
-            .start_with_context(&self.tracer, parent);
+            .start_with_context(&self.http_tracer, parent);
         self.inject(span.span_context(), req.headers_mut());
         span
     }
@@ -333,9 +357,23 @@ impl Traces {
     }
 
     /// Ends the server or client span of `cx` with the response's
-    /// `status` (`None`: the request ended without one).
-    pub(crate) fn end_http(&self, cx: &Context, status: Option<StatusCode>, client: bool) {
+    /// `status` (`None`: the request ended without one) and, for a server
+    /// span of current Knative, the body sizes otelhttp counts: the
+    /// request's (its declared length) and the response's (`written`).
+    pub(crate) fn end_http(&self, cx: &Context, status: Option<StatusCode>, sizes: Option<Sizes>) {
         let span = cx.span();
+        let client = sizes.is_none();
+        if let (Generation::Current, Some(sizes)) = (self.generation, sizes) {
+            if sizes.read > 0 {
+                span.set_attribute(KeyValue::new("http.request.body.size", sizes.read as i64));
+            }
+            if sizes.written > 0 {
+                span.set_attribute(KeyValue::new(
+                    "http.response.body.size",
+                    sizes.written as i64,
+                ));
+            }
+        }
         let Some(status) = status else {
             span.set_status(Status::error("no response"));
             span.end();
@@ -359,6 +397,15 @@ impl Traces {
         }
         span.end();
     }
+}
+
+/// The body sizes a server span records as it ends.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sizes {
+    /// The request body's declared length.
+    pub(crate) read: u64,
+    /// The response body bytes written.
+    pub(crate) written: u64,
 }
 
 /// The exporters qproxy builds.
@@ -400,10 +447,11 @@ pub(crate) fn service_name(revision: &Revision) -> &str {
 pub(crate) fn current_resource(revision: &Revision) -> Resource {
     let service_name = service_name(revision).to_owned();
     let mut attributes = vec![
-        KeyValue::new("k8s.container.name", "queue-proxy"),
+        KeyValue::new("container.name", "queue-proxy"),
         KeyValue::new("k8s.namespace.name", revision.namespace.clone()),
         KeyValue::new("k8s.pod.name", revision.pod.clone()),
         KeyValue::new("service.instance.id", revision.pod.clone()),
+        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
     ];
     for (key, value) in [
         ("kn.service.name", &revision.service),

@@ -1,0 +1,438 @@
+//! Current Knative's observability, side by side with its queue-proxy
+//! (serving v0.50.0) for the same requests: the Prometheus exposition on
+//! 9091, the OTLP metrics and traces a collector receives, and the request
+//! log lines. What differs on purpose is listed in docs/differences.md and
+//! set aside here by name; anything else that differs fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::{Metric, metric};
+use qproxy_test_support::collector::{MetricBatches, OtlpCollector, Span, otlp_grpc, trace_spans};
+use qproxy_test_support::*;
+use serde_json::json;
+
+/// The Go families current Knative's exposition and export carry that
+/// qproxy has no counterpart for (docs/differences.md, `metrics-current`).
+fn go_only(name: &str) -> bool {
+    ["go_", "process_", "promhttp_", "go."]
+        .iter()
+        .any(|p| name.starts_with(p))
+}
+
+/// The revision of these tests: current Knative's stock environment with
+/// `containerConcurrency` 2 (so that the queue depth is recorded) and
+/// `observability` patched in.
+fn env(app: &App, observability: serde_json::Value) -> Vec<(String, String)> {
+    let env = with_vars(
+        current_knative_env(app.port()),
+        &[("CONTAINER_CONCURRENCY", "2")],
+    );
+    with_observability(env, &observability)
+}
+
+/// Every `server_port` label or attribute of `port` reads `MAIN`: each
+/// proxy listens on a port of its own.
+fn main_port(text: &str, port: u16) -> String {
+    text.replace(&format!("server_port=\"{port}\""), "server_port=\"MAIN\"")
+}
+
+/// The lines of an exposition that do not depend on how fast each proxy
+/// is, nor on which one it is: HELP and TYPE, counts, the buckets every
+/// request of the mix falls into alike (under 250 ms but `/slow`, and
+/// every size bucket), gauges; without qproxy's additions and the
+/// families only Go has, and `target_info` (compared apart).
+fn stable_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = without_additions(text)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            let name = l
+                .strip_prefix("# HELP ")
+                .or_else(|| l.strip_prefix("# TYPE "))
+                .unwrap_or(l);
+            !go_only(name) && !name.starts_with("target_info")
+        })
+        .filter(|l| !l.contains("_sum{"))
+        .filter(|l| {
+            !(l.contains("_seconds_bucket{")
+                && !l.contains("le=\"0.25\"")
+                && !l.contains("le=\"+Inf\""))
+        })
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// The sum of the `http_server_request_duration_seconds_count` samples:
+/// the requests measured so far.
+fn measured(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("http_server_request_duration_seconds_count{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Scrapes `metrics` until the seven requests of the mix are measured.
+async fn scrape_mix(metrics: SocketAddr) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let text = scrape(metrics).await;
+        if measured(&text) >= 7.0 {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mix was not measured: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Lines in one list and not the other, for a readable failure.
+fn diff(got: &[String], want: &[String]) -> String {
+    let (got, want): (BTreeSet<_>, BTreeSet<_>) = (got.iter().collect(), want.iter().collect());
+    let only_go: Vec<_> = want.difference(&got).collect();
+    let only_qproxy: Vec<_> = got.difference(&want).collect();
+    format!("only Go's: {only_go:#?}\nonly qproxy's: {only_qproxy:#?}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
+async fn the_exposition_matches_the_go_queue_proxy() {
+    let app = App::varied().await;
+    let env = env(&app, json!({"requestMetrics": {"protocol": "prometheus"}}));
+    let go = GoQueueProxy::start(&env).await;
+    play_metrics_mix(go.main).await;
+    let want = main_port(
+        &scrape_mix(SocketAddr::from(([127, 0, 0, 1], 9091))).await,
+        go.main.port(),
+    );
+    drop(go);
+
+    let qp = QProxy::start_env(&env);
+    play_metrics_mix(qp.main).await;
+    let got = main_port(
+        &scrape_mix(qp.metrics.expect("the metrics port")).await,
+        qp.main.port(),
+    );
+    let (got, want) = (stable_lines(&got), stable_lines(&want));
+    assert!(got == want, "{}", diff(&got, &want));
+}
+
+/// What the comparison of OTLP metrics looks at in one export: per metric
+/// (scope, name), its description, unit and kind, its buckets, and per
+/// point its attributes and count (or value).
+fn metric_shape(batches: &MetricBatches, main: u16) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let guard = batches.lock().unwrap();
+    let Some(batch) = guard.last() else {
+        return out;
+    };
+    for rm in &batch.resource_metrics {
+        for sm in &rm.scope_metrics {
+            let scope = sm
+                .scope
+                .as_ref()
+                .map_or(String::new(), |s| format!("{}@{}", s.name, s.version));
+            for m in &sm.metrics {
+                if go_only(&m.name) {
+                    continue;
+                }
+                let key = format!("{scope} {}", m.name);
+                out.insert(
+                    format!("{key} about"),
+                    format!("{:?} {:?} {}", m.description, m.unit, kind(m)),
+                );
+                for (attributes, value) in points(m) {
+                    let attributes =
+                        attributes.replace(&format!("server.port={main}"), "server.port=MAIN");
+                    out.insert(format!("{key} {{{attributes}}}"), value);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn kind(m: &Metric) -> String {
+    match &m.data {
+        Some(metric::Data::Histogram(h)) => format!(
+            "histogram {:?} bounds {:?}",
+            h.aggregation_temporality,
+            h.data_points.first().map(|p| p.explicit_bounds.clone())
+        ),
+        Some(metric::Data::Gauge(_)) => "gauge".to_owned(),
+        Some(metric::Data::Sum(s)) => {
+            format!("sum {:?} {}", s.aggregation_temporality, s.is_monotonic)
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+fn text_of(value: &Option<AnyValue>) -> String {
+    match value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        Some(any_value::Value::DoubleValue(d)) => d.to_string(),
+        Some(any_value::Value::BoolValue(b)) => b.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+fn attributes(kvs: &[KeyValue]) -> String {
+    let mut kvs: Vec<String> = kvs
+        .iter()
+        .map(|kv| format!("{}={}", kv.key, text_of(&kv.value)))
+        .collect();
+    kvs.sort();
+    kvs.join(",")
+}
+
+/// Each point of `m`: its attributes, and its count (histograms) or value.
+fn points(m: &Metric) -> Vec<(String, String)> {
+    match &m.data {
+        Some(metric::Data::Histogram(h)) => h
+            .data_points
+            .iter()
+            .map(|p| (attributes(&p.attributes), format!("count {}", p.count)))
+            .collect(),
+        Some(metric::Data::Gauge(g)) => g
+            .data_points
+            .iter()
+            .map(|p| (attributes(&p.attributes), format!("{:?}", p.value)))
+            .collect(),
+        Some(metric::Data::Sum(s)) => s
+            .data_points
+            .iter()
+            .map(|p| (attributes(&p.attributes), format!("{:?}", p.value)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The attributes of the resource of the latest export.
+fn metrics_resource(batches: &MetricBatches) -> BTreeMap<String, String> {
+    let guard = batches.lock().unwrap();
+    guard
+        .last()
+        .into_iter()
+        .flat_map(|b| &b.resource_metrics)
+        .flat_map(|rm| rm.resource.iter().flat_map(|r| &r.attributes))
+        .map(|kv| (kv.key.clone(), text_of(&kv.value)))
+        .collect()
+}
+
+/// Waits until `collector` has an export in which the seven requests of
+/// the mix are measured.
+async fn exported_mix(collector: &OtlpCollector) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let measured: u64 = {
+            let guard = collector.metrics.lock().unwrap();
+            guard
+                .last()
+                .into_iter()
+                .flat_map(|b| &b.resource_metrics)
+                .flat_map(|rm| &rm.scope_metrics)
+                .flat_map(|sm| &sm.metrics)
+                .filter(|m| m.name == "http.server.request.duration")
+                .map(|m| match &m.data {
+                    Some(metric::Data::Histogram(h)) => h.data_points.iter().map(|p| p.count).sum(),
+                    _ => 0,
+                })
+                .sum()
+        };
+        if measured >= 7 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the mix was not exported");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The resource attributes that differ on purpose (docs/differences.md,
+/// `metrics-current`): the SDK's, the version, and the pod, which Knative
+/// leaves empty.
+const RESOURCE_DIFFERENCES: [&str; 6] = [
+    "telemetry.sdk.language",
+    "telemetry.sdk.name",
+    "telemetry.sdk.version",
+    "service.version",
+    "k8s.pod.name",
+    "service.instance.id",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
+async fn otlp_metrics_match_the_go_queue_proxy() {
+    let app = App::varied().await;
+    let export = |collector: &OtlpCollector| {
+        env(
+            &app,
+            json!({"requestMetrics": {
+                "protocol": "grpc",
+                "endpoint": format!("http://{}", collector.addr),
+                "exportInterval": 200_000_000u64,
+            }}),
+        )
+    };
+    let go_collector = otlp_grpc().await;
+    let go = GoQueueProxy::start(&export(&go_collector)).await;
+    play_metrics_mix(go.main).await;
+    exported_mix(&go_collector).await;
+    let want = metric_shape(&go_collector.metrics, go.main.port());
+    let want_resource = metrics_resource(&go_collector.metrics);
+    drop(go);
+
+    let qp_collector = otlp_grpc().await;
+    let qp = QProxy::start_env(&export(&qp_collector));
+    play_metrics_mix(qp.main).await;
+    exported_mix(&qp_collector).await;
+    let got = metric_shape(&qp_collector.metrics, qp.main.port());
+    let got_resource = metrics_resource(&qp_collector.metrics);
+
+    let lines = |m: &BTreeMap<String, String>| -> Vec<String> {
+        m.iter().map(|(k, v)| format!("{k} = {v}")).collect()
+    };
+    assert!(got == want, "{}", diff(&lines(&got), &lines(&want)));
+    let keep = |r: &BTreeMap<String, String>| -> Vec<String> {
+        r.iter()
+            .filter(|(k, _)| !RESOURCE_DIFFERENCES.contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    };
+    assert_eq!(keep(&got_resource), keep(&want_resource));
+    // The keys set aside are there in both.
+    for key in RESOURCE_DIFFERENCES {
+        assert!(got_resource.contains_key(key), "{key}: {got_resource:#?}");
+        assert!(want_resource.contains_key(key), "{key}: {want_resource:#?}");
+    }
+}
+
+const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
+/// One traced request through `main`, with `collector` receiving the
+/// spans: each span by name, with its parent's name, kind, scope and
+/// attributes, and the resource.
+async fn traced(
+    collector: &OtlpCollector,
+    main: SocketAddr,
+    app: u16,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let traceparent = format!("00-{TRACE}-b7ad6b7169203331-01");
+    let res = h1(main, get("/path?q=1", &[("traceparent", &traceparent)])).await;
+    res.collect().await.unwrap();
+    let spans = trace_spans(&collector.spans, TRACE, 4).await;
+    // A probe passed on to the app: no server span, but Knative's HTTP
+    // client traces it, as a root.
+    let res = h1(main, get("/probe", &[("K-Kubelet-Probe", "1")])).await;
+    res.collect().await.unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    let probe = loop {
+        let probe = collector
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| {
+                s.attributes
+                    .get("url.full")
+                    .is_some_and(|u| u.ends_with("/probe"))
+            })
+            .cloned();
+        if let Some(probe) = probe {
+            break probe;
+        }
+        assert!(Instant::now() < deadline, "no span for the probe");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let spans: BTreeMap<String, Span> = spans
+        .into_iter()
+        .chain([("probe".to_owned(), probe)])
+        .collect();
+    let name_of = |id: &str| {
+        spans
+            .values()
+            .find(|s| s.id == id)
+            .map_or("(the client's)".to_owned(), |s| s.name.clone())
+    };
+    let mut shape = BTreeMap::new();
+    let mut resource = BTreeMap::new();
+    for span in spans.values() {
+        let mut attributes: Vec<String> = span
+            .attributes
+            .iter()
+            .map(|(k, v)| {
+                let v = v
+                    .replace(&main.port().to_string(), "MAIN")
+                    .replace(&app.to_string(), "APP");
+                // The client's own port differs from run to run.
+                if k == "network.peer.port" || k == "client.port" {
+                    format!("{k}=(a port)")
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+            .collect();
+        attributes.sort();
+        let name = if span.parent.is_empty() && span.kind == "Client" {
+            format!("{} (a probe's)", span.name)
+        } else {
+            span.name.clone()
+        };
+        shape.insert(
+            name,
+            format!(
+                "{} under {} in {}: {}",
+                span.kind,
+                name_of(&span.parent),
+                span.scope,
+                attributes.join(", ")
+            ),
+        );
+        resource.extend(span.resource.clone());
+    }
+    (shape, resource)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
+async fn otlp_traces_match_the_go_queue_proxy() {
+    let app = App::hello().await;
+    let tracing = |collector: &OtlpCollector| {
+        env(
+            &app,
+            json!({"tracing": {
+                "protocol": "grpc",
+                "endpoint": format!("http://{}", collector.addr),
+                "samplingRate": 1.0,
+            }}),
+        )
+    };
+    let go_collector = otlp_grpc().await;
+    let go = GoQueueProxy::start(&tracing(&go_collector)).await;
+    let (want, want_resource) = traced(&go_collector, go.main, app.port()).await;
+    drop(go);
+
+    let qp_collector = otlp_grpc().await;
+    let qp = QProxy::start_env(&tracing(&qp_collector));
+    let (got, got_resource) = traced(&qp_collector, qp.main, app.port()).await;
+
+    let lines = |m: &BTreeMap<String, String>| -> Vec<String> {
+        m.iter().map(|(k, v)| format!("{k}: {v}")).collect()
+    };
+    assert!(got == want, "{}", diff(&lines(&got), &lines(&want)));
+    let keep = |r: &BTreeMap<String, String>| -> Vec<String> {
+        r.iter()
+            .filter(|(k, _)| !RESOURCE_DIFFERENCES.contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    };
+    assert_eq!(keep(&got_resource), keep(&want_resource));
+}
