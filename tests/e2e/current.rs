@@ -405,14 +405,26 @@ async fn traced(
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn otlp_traces_match_the_go_queue_proxy() {
     let app = App::hello().await;
+    // With the OpenTelemetry variables Knative's setup honours for the
+    // resource: its own attributes win over the environment's.
     let tracing = |collector: &OtlpCollector| {
-        env(
+        let env = env(
             &app,
             json!({"tracing": {
                 "protocol": "grpc",
                 "endpoint": format!("http://{}", collector.addr),
                 "samplingRate": 1.0,
             }}),
+        );
+        with_vars(
+            env,
+            &[
+                ("OTEL_SERVICE_NAME", "from-env"),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "deployment.environment=test,k8s.namespace.name=other",
+                ),
+            ],
         )
     };
     let go_collector = otlp_grpc().await;
@@ -435,4 +447,5 @@ async fn otlp_traces_match_the_go_queue_proxy() {
             .collect()
     };
     assert_eq!(keep(&got_resource), keep(&want_resource));
+    assert_eq!(got_resource["service.name"], "from-env");
 }

@@ -29,6 +29,7 @@ use prost::Message;
 use serde_json::Value;
 use tokio::net::TcpListener;
 
+use crate::tls::TestCa;
 use crate::{DEADLINE, empty};
 
 /// A span as received, whatever the format.
@@ -61,6 +62,7 @@ pub type Spans = Arc<Mutex<Vec<Span>>>;
 pub type MetricBatches = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
 
 async fn serve_http(
+    tls: Option<Arc<rustls::ServerConfig>>,
     handler: impl Fn(
         Request<Incoming>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
@@ -77,6 +79,7 @@ async fn serve_http(
                 return;
             };
             let handler = handler.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
                     let handler = handler.clone();
@@ -85,9 +88,23 @@ async fn serve_http(
                         Ok::<_, std::convert::Infallible>(Response::new(empty()))
                     }
                 });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match tls {
+                    Some(tls) => {
+                        let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(stream).await
+                        else {
+                            return;
+                        };
+                        let _ = builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }
+                    None => {
+                        let _ = builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }
+                }
             });
         }
     });
@@ -98,7 +115,7 @@ async fn serve_http(
 pub async fn zipkin() -> (SocketAddr, Spans) {
     let spans = Spans::default();
     let sink = spans.clone();
-    let addr = serve_http(move |req| {
+    let addr = serve_http(None, move |req| {
         let sink = sink.clone();
         Box::pin(async move {
             assert_eq!(req.uri().path(), "/api/v2/spans");
@@ -189,9 +206,14 @@ pub struct OtlpCollector {
     pub spans: Spans,
     /// The metric exports received.
     pub metrics: MetricBatches,
+    /// The metadata (headers) of every export received.
+    pub headers: Headers,
 }
 
-struct Traces(Spans);
+/// The headers of the exports a collector received.
+pub type Headers = Arc<Mutex<Vec<http::HeaderMap>>>;
+
+struct Traces(Spans, Headers);
 
 #[tonic::async_trait]
 impl TraceService for Traces {
@@ -199,6 +221,10 @@ impl TraceService for Traces {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.1
+            .lock()
+            .unwrap()
+            .push(request.metadata().clone().into_headers());
         self.0
             .lock()
             .unwrap()
@@ -207,7 +233,7 @@ impl TraceService for Traces {
     }
 }
 
-struct Metrics(MetricBatches);
+struct Metrics(MetricBatches, Headers);
 
 #[tonic::async_trait]
 impl MetricsService for Metrics {
@@ -215,6 +241,10 @@ impl MetricsService for Metrics {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.1
+            .lock()
+            .unwrap()
+            .push(request.metadata().clone().into_headers());
         self.0.lock().unwrap().push(request.into_inner());
         Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
@@ -222,17 +252,42 @@ impl MetricsService for Metrics {
 
 /// Starts an OTLP collector over gRPC, for traces and metrics.
 pub async fn otlp_grpc() -> OtlpCollector {
+    start_grpc(None).await
+}
+
+/// The same over TLS, with `ca`'s server certificate; with `client_auth`,
+/// the client must present a certificate `ca` signed.
+pub async fn otlp_grpc_tls(ca: &TestCa, client_auth: bool) -> OtlpCollector {
+    let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+        tonic::transport::Identity::from_pem(&ca.server_cert_pem, &ca.server_key_pem),
+    );
+    if client_auth {
+        tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(&ca.ca_pem));
+    }
+    start_grpc(Some(tls)).await
+}
+
+async fn start_grpc(tls: Option<tonic::transport::ServerTlsConfig>) -> OtlpCollector {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let collector = OtlpCollector {
         addr: listener.local_addr().unwrap(),
         spans: Spans::default(),
         metrics: MetricBatches::default(),
+        headers: Headers::default(),
     };
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).unwrap();
+    }
     tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(Traces(collector.spans.clone())))
+        server
+            .add_service(TraceServiceServer::new(Traces(
+                collector.spans.clone(),
+                collector.headers.clone(),
+            )))
             .add_service(MetricsServiceServer::new(Metrics(
                 collector.metrics.clone(),
+                collector.headers.clone(),
             )))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
@@ -241,9 +296,19 @@ pub async fn otlp_grpc() -> OtlpCollector {
 
 /// An OTLP collector over HTTP/protobuf: `POST /v1/traces`.
 pub async fn otlp_http() -> (SocketAddr, Spans) {
+    otlp_http_over(None).await
+}
+
+/// The same over TLS, with `ca`'s server certificate; with `client_auth`,
+/// the client must present a certificate `ca` signed.
+pub async fn otlp_http_tls(ca: &TestCa, client_auth: bool) -> (SocketAddr, Spans) {
+    otlp_http_over(Some(ca.server_config(client_auth))).await
+}
+
+async fn otlp_http_over(tls: Option<Arc<rustls::ServerConfig>>) -> (SocketAddr, Spans) {
     let spans = Spans::default();
     let sink = spans.clone();
-    let addr = serve_http(move |req| {
+    let addr = serve_http(tls, move |req| {
         let sink = sink.clone();
         Box::pin(async move {
             assert_eq!(req.uri().path(), "/v1/traces");

@@ -15,6 +15,7 @@ pub mod client;
 pub mod collector;
 pub mod oracle;
 pub mod process;
+pub mod tls;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -17,6 +17,7 @@
 
 mod logging;
 mod observability;
+mod otel;
 mod probe;
 mod tls;
 mod vars;
@@ -30,6 +31,7 @@ pub use observability::{
     MetricsProtocol, Observability, RequestLog, RuntimeConfig, TracingBackend, TracingConfig,
     TracingProtocol,
 };
+pub use otel::{OtelEnv, TlsFiles};
 pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
 pub use tls::{Tls, TlsVersion};
 pub use vars::Vars;

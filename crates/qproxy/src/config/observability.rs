@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::otel::OtelEnv;
 use super::{ConfigError, Vars};
 
 /// Which Knative generation started us, as shown by the environment.
@@ -251,6 +252,9 @@ pub struct Current {
     pub runtime: RuntimeConfig,
     /// `enableRequestLog`, `requestLogTemplate`, `enableProbeRequestLog`.
     pub request_log: RequestLog,
+    /// The `OTEL_*` variables Knative's setup honours (boxed: most
+    /// configurations have none).
+    pub otel: Box<OtelEnv>,
 }
 
 /// An OpenTelemetry metrics exporter.
@@ -394,6 +398,7 @@ impl Current {
                 probes: raw.enable_probe_request_log,
             }
             .check(OBSERVABILITY_CONFIG)?,
+            otel: Box::default(),
         })
     }
 }
@@ -430,7 +435,14 @@ pub(crate) fn from_vars(
     warnings: &mut Vec<String>,
 ) -> Result<Observability, ConfigError> {
     match vars.non_empty(OBSERVABILITY_CONFIG)? {
-        Some(json) => Current::from_json(json).map(Observability::Current),
+        Some(json) => {
+            let mut current = Current::from_json(json)?;
+            current.otel = Box::new(OtelEnv::from_vars(vars)?);
+            if current.tracing.protocol != TracingProtocol::None {
+                current.otel.sampler_arg()?;
+            }
+            Ok(Observability::Current(current))
+        }
         None => Classic::from_vars(vars, warnings).map(Observability::Classic),
     }
 }

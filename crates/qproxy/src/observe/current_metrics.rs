@@ -33,15 +33,15 @@ use metrics_exporter_prometheus::{
 
 use opentelemetry::metrics::{Histogram, MeterProvider as _};
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 use opentelemetry_sdk::runtime::Tokio;
 
 use crate::common::headers::is_probe;
-use crate::config::{MetricsConfig, MetricsProtocol, Revision};
+use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
+use crate::observe::otlp::{Target, Transport};
 use crate::observe::semconv::RouteTag;
-use crate::observe::traces::{current_resource, http_client, otlp_http_endpoint};
+use crate::observe::traces::current_resource;
 use crate::observe::{ExportError, Signal, semconv};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
@@ -175,7 +175,7 @@ const DEFAULT_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
 impl CurrentMetrics {
     /// The metrics of `revision`'s pod, whose app listens on `user_port`,
     /// served as Prometheus text.
-    pub(crate) fn prometheus(revision: &Revision, user_port: u16) -> Self {
+    pub(crate) fn prometheus(revision: &Revision, otel: &OtelEnv, user_port: u16) -> Self {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in [
             (SERVER_DURATION, &DURATION_BUCKETS[..]),
@@ -205,7 +205,7 @@ impl CurrentMetrics {
                     handle: recorder.handle(),
                     recorder,
                     queue_depth: OnceLock::new(),
-                    target_info: target_info(revision),
+                    target_info: target_info(revision, otel),
                 },
             }),
         }
@@ -214,32 +214,26 @@ impl CurrentMetrics {
     /// The same instruments, exported over OTLP as `config` says.
     pub(crate) fn otlp(
         config: &MetricsConfig,
+        otel: &OtelEnv,
         revision: &Revision,
         user_port: u16,
     ) -> Result<Self, ExportError> {
-        let endpoint = config.endpoint.clone().unwrap_or_default();
-        let failed = |e: opentelemetry_otlp::ExporterBuildError| {
-            ExportError::new(Signal::Metrics, &endpoint, &e)
+        let transport = match config.protocol {
+            MetricsProtocol::Grpc => Transport::Grpc,
+            _ => Transport::HttpProtobuf,
         };
-        let exporter = match config.protocol {
-            MetricsProtocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(endpoint.clone())
-                .build()
-                .map_err(failed)?,
-            _ => opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_http_client(http_client())
-                .with_endpoint(otlp_http_endpoint(&endpoint, "/v1/metrics"))
-                .build()
-                .map_err(failed)?,
-        };
-        let reader = PeriodicReader::builder(exporter, Tokio)
-            .with_interval(config.export_interval.unwrap_or(DEFAULT_EXPORT_INTERVAL))
-            .build();
+        let endpoint = config.endpoint.as_deref().unwrap_or("");
+        let target = Target::new(Signal::Metrics, transport, endpoint, otel)?;
+        let mut reader = PeriodicReader::builder(target.metric_exporter()?, Tokio);
+        // `OTEL_METRIC_EXPORT_INTERVAL` replaces the configuration's; the
+        // SDK reads it.
+        if !otel.metric_interval_from_env {
+            reader =
+                reader.with_interval(config.export_interval.unwrap_or(DEFAULT_EXPORT_INTERVAL));
+        }
         let provider = SdkMeterProvider::builder()
-            .with_reader(reader)
-            .with_resource(current_resource(revision))
+            .with_reader(reader.build())
+            .with_resource(current_resource(revision, otel))
             .build();
         let http = provider.meter_with_scope(
             InstrumentationScope::builder(HTTP_SCOPE[0].1)
@@ -509,8 +503,8 @@ fn labels(
 /// queue-proxy with.
 /// `target_info`: the resource OTLP exports carry ([`current_resource`]),
 /// as the OpenTelemetry Prometheus exporter writes it, with `_` for `.`.
-fn target_info(revision: &Revision) -> String {
-    let resource = current_resource(revision);
+fn target_info(revision: &Revision, otel: &OtelEnv) -> String {
+    let resource = current_resource(revision, otel);
     let mut labels: Vec<String> = resource
         .iter()
         .map(|(k, v)| {

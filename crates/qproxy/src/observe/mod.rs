@@ -10,6 +10,7 @@
 pub(crate) mod autoscaler_view;
 pub(crate) mod current_metrics;
 pub(crate) mod log;
+pub(crate) mod otlp;
 pub(crate) mod request_log;
 pub(crate) mod request_metrics;
 pub(crate) mod semconv;
@@ -55,7 +56,7 @@ impl ExportError {
 
 /// What an exporter sends.
 #[derive(Debug, Clone, Copy)]
-enum Signal {
+pub(crate) enum Signal {
     Traces,
     Metrics,
 }
@@ -90,11 +91,12 @@ impl UserMetrics {
             }
             Observability::Current(c) => match c.request_metrics.protocol {
                 MetricsProtocol::Prometheus => Some(UserMetrics::Current(
-                    CurrentMetrics::prometheus(&config.revision, config.ports.user),
+                    CurrentMetrics::prometheus(&config.revision, &c.otel, config.ports.user),
                 )),
                 MetricsProtocol::Grpc | MetricsProtocol::HttpProtobuf => {
                     Some(UserMetrics::Current(CurrentMetrics::otlp(
                         &c.request_metrics,
+                        &c.otel,
                         &config.revision,
                         config.ports.user,
                     )?))

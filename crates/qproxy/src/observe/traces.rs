@@ -34,7 +34,6 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime::Tokio;
@@ -45,7 +44,10 @@ use opentelemetry_sdk::trace::{
 };
 
 use crate::common::headers::X_FORWARDED_FOR;
-use crate::config::{Generation, Observability, Revision, TracingBackend, TracingProtocol};
+use crate::config::{
+    Generation, Observability, OtelEnv, Revision, TracingBackend, TracingProtocol,
+};
+use crate::observe::otlp::{Target, Transport};
 use crate::observe::semconv::RouteTag;
 use crate::observe::zipkin::ZipkinExporter;
 use crate::observe::{ExportError, Signal, semconv};
@@ -73,81 +75,73 @@ impl Traces {
         revision: &Revision,
         app: SocketAddr,
     ) -> Result<Option<Self>, ExportError> {
-        let (exporter, sampler, resource, delay): (Exporter, Sampling, Resource, Duration) =
-            match observability {
-                Observability::Classic(c) => {
-                    if c.tracing_backend != TracingBackend::Zipkin {
-                        return Ok(None);
-                    }
-                    let endpoint = c.zipkin_endpoint.clone().unwrap_or_default();
-                    let uri = endpoint.parse::<http::Uri>().ok().filter(|u| {
-                        u.scheme() == Some(&http::uri::Scheme::HTTP) && u.authority().is_some()
-                    });
-                    let Some(uri) = uri else {
-                        // Knative's Zipkin reporter fails at each send,
-                        // not at start; the pod serves either way.
-                        tracing::warn!(
-                            endpoint,
-                            "TRACING_CONFIG_ZIPKIN_ENDPOINT is not an http:// URL; traces are off"
-                        );
-                        return Ok(None);
-                    };
-                    let exporter =
-                        ZipkinExporter::new(uri, &revision.pod, revision.pod_ip.parse().ok());
-                    let sampler = Sampling::Classic(OpenCensusSampler {
-                        always: c.tracing_debug,
-                        rate: c.sample_rate,
-                    });
-                    (
-                        Exporter::Zipkin(exporter),
-                        sampler,
-                        Resource::builder_empty().build(),
-                        // Zipkin's reporter sends every second.
-                        Duration::from_secs(1),
-                    )
+        let (exporter, sampler, resource, delay): (
+            Exporter,
+            Option<Sampling>,
+            Resource,
+            Option<Duration>,
+        ) = match observability {
+            Observability::Classic(c) => {
+                if c.tracing_backend != TracingBackend::Zipkin {
+                    return Ok(None);
                 }
-                Observability::Current(c) => {
-                    let t = &c.tracing;
-                    let endpoint = t.endpoint.clone().unwrap_or_default();
-                    let failed = |e: opentelemetry_otlp::ExporterBuildError| {
-                        ExportError::new(Signal::Traces, &endpoint, &e)
-                    };
-                    let exporter = match t.protocol {
-                        TracingProtocol::None | TracingProtocol::Stdout => return Ok(None),
-                        TracingProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
-                            .with_tonic()
-                            .with_endpoint(endpoint.clone())
-                            .build()
-                            .map_err(failed)?,
-                        TracingProtocol::HttpProtobuf => {
-                            opentelemetry_otlp::SpanExporter::builder()
-                                .with_http()
-                                .with_http_client(http_client())
-                                .with_endpoint(otlp_http_endpoint(&endpoint, "/v1/traces"))
-                                .build()
-                                .map_err(failed)?
-                        }
-                    };
-                    let rate = t.sampling_rate;
-                    let sampler = Sampling::Current(if rate >= 1.0 {
-                        Sampler::AlwaysOn
-                    } else if rate <= 0.0 {
-                        Sampler::AlwaysOff
-                    } else {
-                        Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(rate)))
-                    });
-                    (
-                        Exporter::Otlp(exporter),
-                        sampler,
-                        current_resource(revision),
-                        // The Go SDK's batch delay.
-                        Duration::from_secs(5),
-                    )
-                }
-            };
-        let batch = BatchConfigBuilder::default()
-            .with_scheduled_delay(delay)
-            .build();
+                let endpoint = c.zipkin_endpoint.clone().unwrap_or_default();
+                let uri = endpoint.parse::<http::Uri>().ok().filter(|u| {
+                    u.scheme() == Some(&http::uri::Scheme::HTTP) && u.authority().is_some()
+                });
+                let Some(uri) = uri else {
+                    // Knative's Zipkin reporter fails at each send,
+                    // not at start; the pod serves either way.
+                    tracing::warn!(
+                        endpoint,
+                        "TRACING_CONFIG_ZIPKIN_ENDPOINT is not an http:// URL; traces are off"
+                    );
+                    return Ok(None);
+                };
+                let exporter =
+                    ZipkinExporter::new(uri, &revision.pod, revision.pod_ip.parse().ok());
+                let sampler = Some(Sampling::Classic(OpenCensusSampler {
+                    always: c.tracing_debug,
+                    rate: c.sample_rate,
+                }));
+                (
+                    Exporter::Zipkin(exporter),
+                    sampler,
+                    Resource::builder_empty().build(),
+                    // Zipkin's reporter sends every second.
+                    Some(Duration::from_secs(1)),
+                )
+            }
+            Observability::Current(c) => {
+                let t = &c.tracing;
+                let transport = match t.protocol {
+                    TracingProtocol::None | TracingProtocol::Stdout => return Ok(None),
+                    TracingProtocol::Grpc => Transport::Grpc,
+                    TracingProtocol::HttpProtobuf => Transport::HttpProtobuf,
+                };
+                let endpoint = t.endpoint.as_deref().unwrap_or("");
+                let target = Target::new(Signal::Traces, transport, endpoint, &c.otel)?;
+                // `OTEL_TRACES_SAMPLER` replaces Knative's sampler; the
+                // SDK reads it.
+                let sampler = (!c.otel.traces_sampler_from_env).then(|| {
+                    let arg = c.otel.sampler_arg().ok().flatten();
+                    Sampling::Current(current_sampler(t.sampling_rate, arg))
+                });
+                (
+                    Exporter::Otlp(target.span_exporter()?),
+                    sampler,
+                    current_resource(revision, &c.otel),
+                    // The SDK's batch delay (5 s, or
+                    // `OTEL_BSP_SCHEDULE_DELAY`), as Go's.
+                    None,
+                )
+            }
+        };
+        let mut batch = BatchConfigBuilder::default();
+        if let Some(delay) = delay {
+            batch = batch.with_scheduled_delay(delay);
+        }
+        let batch = batch.build();
         let processor = match exporter {
             Exporter::Zipkin(e) => BatchSpanProcessor::builder(e, Tokio)
                 .with_batch_config(batch)
@@ -156,11 +150,13 @@ impl Traces {
                 .with_batch_config(batch)
                 .build(),
         };
-        let provider = SdkTracerProvider::builder()
+        let mut provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
-            .with_sampler(sampler)
-            .with_resource(resource)
-            .build();
+            .with_resource(resource);
+        if let Some(sampler) = sampler {
+            provider = provider.with_sampler(sampler);
+        }
+        let provider = provider.build();
         let tracer = provider.tracer(semconv::QUEUE_SCOPE);
         let http_tracer = match observability.generation() {
             Generation::Classic => tracer.clone(),
@@ -414,25 +410,11 @@ enum Exporter {
     Otlp(opentelemetry_otlp::SpanExporter),
 }
 
-pub(crate) fn http_client() -> opentelemetry_http::hyper::HyperClient {
-    opentelemetry_http::hyper::HyperClient::with_default_connector(Duration::from_secs(5), None)
-}
-
-/// An OTLP/HTTP endpoint as Knative's Go exporter takes it: without a
-/// path, the signal's own (`/v1/traces`, `/v1/metrics`).
-pub(crate) fn otlp_http_endpoint(endpoint: &str, path: &str) -> String {
-    match endpoint.parse::<http::Uri>() {
-        Ok(uri) if matches!(uri.path(), "" | "/") => {
-            format!("{}{path}", endpoint.trim_end_matches('/'))
-        }
-        _ => endpoint.to_owned(),
-    }
-}
-
-/// Current Knative's `service.name`: the first of the Service, the
-/// Configuration, the revision and the pod that is set.
-pub(crate) fn service_name(revision: &Revision) -> &str {
+/// Current Knative's `service.name`: the first of `OTEL_SERVICE_NAME`, the
+/// Service, the Configuration, the revision and the pod that is set.
+pub(crate) fn service_name<'a>(revision: &'a Revision, otel: &'a OtelEnv) -> &'a str {
     [
+        otel.service_name.as_deref().unwrap_or(""),
         revision.service.as_str(),
         revision.configuration.as_str(),
         revision.name.as_str(),
@@ -443,9 +425,11 @@ pub(crate) fn service_name(revision: &Revision) -> &str {
     .unwrap_or_default()
 }
 
-/// Current Knative's resource: the queue-proxy container of the pod.
-pub(crate) fn current_resource(revision: &Revision) -> Resource {
-    let service_name = service_name(revision).to_owned();
+/// Current Knative's resource: the queue-proxy container of the pod, over
+/// what `OTEL_RESOURCE_ATTRIBUTES` says (the SDK reads it, as Go's
+/// `resource.Default` does).
+pub(crate) fn current_resource(revision: &Revision, otel: &OtelEnv) -> Resource {
+    let service_name = service_name(revision, otel).to_owned();
     let mut attributes = vec![
         KeyValue::new("container.name", "queue-proxy"),
         KeyValue::new("k8s.namespace.name", revision.namespace.clone()),
@@ -466,6 +450,20 @@ pub(crate) fn current_resource(revision: &Revision) -> Resource {
         .with_service_name(service_name)
         .with_attributes(attributes)
         .build()
+}
+
+/// Current Knative's sampler (knative.dev/pkg's `sampleFor`): everything
+/// at a rate of 1 or more (`OTEL_TRACES_SAMPLER_ARG`, when set, decides
+/// that, and only that), nothing at 0, else the parent's decision or the
+/// configured rate by trace ID.
+fn current_sampler(rate: f64, arg: Option<f64>) -> Sampler {
+    if arg.unwrap_or(rate) >= 1.0 {
+        Sampler::AlwaysOn
+    } else if rate <= 0.0 {
+        Sampler::AlwaysOff
+    } else {
+        Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(rate)))
+    }
 }
 
 /// OpenCensus' `ProbabilitySampler`, as classic Knative samples: a sampled

@@ -18,6 +18,7 @@ mod headers;
 mod health;
 mod layering;
 mod metrics;
+mod otel_env;
 mod otlp_metrics;
 mod process;
 mod profiling;
