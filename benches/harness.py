@@ -96,6 +96,8 @@ def build(args):
     else:
         subprocess.run(["cargo", "build", "--release", "-p", "qproxy", "--locked"], cwd=ROOT, check=True)
         out["qproxy"] = os.path.join(ROOT, "target", "release", "qproxy")
+    if args.base_bin:
+        out["qproxy-base"] = args.base_bin
     app = os.path.join(ROOT, "target", "bench", "app")
     subprocess.run(["go", "build", "-o", app, "."], cwd=os.path.join(BENCHES, "app"), check=True)
     out["app"] = app
@@ -153,10 +155,10 @@ class Contender:
         self.port = free_port()
         self.h2_port = self.port
         if name.startswith("qproxy"):
-            env = knative_env(app_port, self.port, self.cc, metrics=(name == "qproxy"))
+            env = knative_env(app_port, self.port, self.cc, metrics=(name != "qproxy-nometrics"))
             env.update(QPROXY_ADMIN_PORT="0", QPROXY_STATS_PORT="0", QPROXY_METRICS_PORT="0",
                        QPROXY_DRAIN_QUIET_SECONDS="0")
-            argv = [self.bins["qproxy"]]
+            argv = [self.bins["qproxy-base" if name == "qproxy-base" else "qproxy"]]
         elif name == "go-qp":
             env = knative_env(app_port, self.port, self.cc)
             if self.variant == "pinned":
@@ -515,6 +517,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="one short round of load 1, qproxy and direct; nothing written")
     ap.add_argument("--qproxy-bin", help="use this qproxy binary instead of building --release")
+    ap.add_argument("--base-bin", help="a second qproxy binary, the contender qproxy-base: a change measured "
+                    "against the build before it, side by side")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
@@ -525,6 +529,8 @@ def main():
     if args.smoke:
         args.rounds, args.seconds, args.contenders, args.loads, args.variants = 1, 2, "direct,qproxy", "1", "unpinned"
     args.contenders = args.contenders.split(",")
+    if args.base_bin and "qproxy-base" not in args.contenders:
+        args.contenders.append("qproxy-base")
     args.loads = [int(x) for x in args.loads.split(",")]
     args.variants = args.variants.split(",")
 
