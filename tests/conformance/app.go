@@ -181,6 +181,13 @@ func (a *App) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-lower-case", "kept")
 		w.Header().Set("Cache-Control", "no-store")
 		fmt.Fprintln(w, "headers")
+	case "fields":
+		// N response header fields X-Field, each a value of LEN bytes.
+		value := strings.Repeat("v", arg(2))
+		for i := 0; i < arg(1); i++ {
+			w.Header().Add("X-Field", value)
+		}
+		fmt.Fprintln(w, "fields")
 	case "trailers":
 		w.Header().Set("Trailer", "X-Checksum")
 		w.Header().Set("Content-Type", "text/plain")

@@ -102,17 +102,21 @@ func headerFields(prefix string, h http.Header, e exchange) {
 }
 
 var (
-	repeatRef = regexp.MustCompile(`\{\{(.)\*(\d+)\}\}`)
+	repeatRef = regexp.MustCompile(`\{\{(.|"[^"]*")\*(\d+)\}\}`)
 	hexRef    = regexp.MustCompile(`\\x([0-9a-fA-F]{2})`)
 )
 
 // expand turns a scenario's string into the bytes to send: {{c*N}} is N
-// times c, \xNN is the byte NN.
+// times c, {{"text"*N}} N times text, \xNN is the byte NN.
 func expand(s string) string {
 	s = repeatRef.ReplaceAllStringFunc(s, func(m string) string {
 		parts := repeatRef.FindStringSubmatch(m)
 		n, _ := strconv.Atoi(parts[2])
-		return strings.Repeat(parts[1], n)
+		unit := parts[1]
+		if len(unit) > 1 {
+			unit = unit[1 : len(unit)-1]
+		}
+		return strings.Repeat(unit, n)
 	})
 	return hexRef.ReplaceAllStringFunc(s, func(m string) string {
 		b, _ := strconv.ParseUint(m[2:], 16, 8)

@@ -15,6 +15,7 @@
 mod current;
 mod go_template;
 mod health;
+mod hostile;
 mod image;
 mod metrics;
 mod overlay;

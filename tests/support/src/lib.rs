@@ -1,6 +1,7 @@
 //! What qproxy's tests share: the real `qproxy` binary run as a child
 //! process ([`process`]), real apps on loopback ([`app`]), clients
-//! ([`client`]), collectors of what it exports ([`collector`]), and
+//! ([`client`]), hostile clients and what they cost ([`hostile`]),
+//! collectors of what it exports ([`collector`]), and
 //! Knative's own Go queue-proxy run beside it as the oracle ([`oracle`]).
 //!
 //! Nothing waits by sleeping: every wait is on a condition with a deadline
@@ -13,6 +14,7 @@
 pub mod app;
 pub mod client;
 pub mod collector;
+pub mod hostile;
 pub mod oracle;
 pub mod process;
 pub mod tls;
@@ -28,6 +30,7 @@ use tokio::io::AsyncReadExt;
 
 pub use app::*;
 pub use client::*;
+pub use hostile::*;
 pub use oracle::{GoQueueProxy, Oracle};
 pub use process::*;
 

@@ -177,6 +177,11 @@ impl GoQueueProxy {
         signal(self.child.id(), sig);
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What it has written so far.
     pub fn output(&self) -> Vec<String> {
         self.output.lock().unwrap().clone()

@@ -29,6 +29,7 @@ use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
 use crate::common::body::RequestBody;
+use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
 /// How long an idle pooled connection is kept (Go's transport default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -81,6 +82,8 @@ impl Upstream {
         let http1 = Client::builder(TokioExecutor::new())
             // Header names as Go's transport writes them (`X-Forwarded-For`).
             .http1_title_case_headers(true)
+            .http1_max_headers(MAX_HEADER_FIELDS)
+            .http1_max_buf_size(MAX_RESPONSE_HEADER_BYTES)
             .pool_max_idle_per_host(max_idle)
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
@@ -147,6 +150,8 @@ impl Upstream {
         let hyper_error = |e: hyper::Error| UpstreamError::from_hyper(&e, Some(local), self.addr);
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
             .title_case_headers(true)
+            .max_headers(MAX_HEADER_FIELDS)
+            .max_buf_size(MAX_RESPONSE_HEADER_BYTES)
             .handshake(TokioIo::new(tcp))
             .await
             .map_err(hyper_error)?;

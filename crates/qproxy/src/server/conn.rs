@@ -3,6 +3,7 @@
 //! Each accepted connection gets `TCP_NODELAY` and keep-alive, then is
 //! served by hyper, which tells HTTP/1.1 from h2c (prior knowledge) by its
 //! first bytes on the main port; the small servers speak HTTP/1.1 only.
+//! Every port bounds the time a request head may take ([`super::head`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,15 +15,17 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tower::{Layer, Service, service_fn};
 
 use super::Listener;
-use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES};
+use super::head::{HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head};
+use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use crate::layers::server_rules::ServerRulesLayer;
 
 /// Largest header list accepted on HTTP/2 (Go's default).
@@ -31,22 +34,21 @@ const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
 const MAX_CONCURRENT_STREAMS: u32 = 250;
 /// TCP keep-alive on accepted connections (Go's default).
 const ACCEPTED_KEEPALIVE: Duration = Duration::from_secs(15);
-/// Bound on reading a request head on the small admin-style servers.
-const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Connection settings for the main port: HTTP/1.1 and h2c.
 pub(crate) fn main_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
-        // Idle keep-alive connections stay open, as with Go's server: the
-        // activator pools them and a timer here would race its reuse.
-        .header_read_timeout(None)
+        // Go's `ReadHeaderTimeout`, counted by each connection's own
+        // `HeadTimer` from the head's first bytes: idle keep-alive
+        // connections stay open, as with Go's server.
+        .header_read_timeout(HEAD_TIMEOUT)
         // Header names as Go writes them (`Content-Type`), for clients that
         // compare them case-sensitively.
         .title_case_headers(true)
-        .max_buf_size(MAX_HEADER_BYTES);
+        .max_buf_size(MAX_HEADER_BYTES)
+        .max_headers(MAX_HEADER_FIELDS);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -60,8 +62,7 @@ pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+        .header_read_timeout(HEAD_TIMEOUT)
         .title_case_headers(true);
     builder
 }
@@ -112,22 +113,61 @@ pub(crate) async fn serve<M, S, B>(
                 continue;
             }
         };
+        let clock = HeadClock::new(listener.head_timeout);
         tune(&stream);
         let conn = Conn {
             remote: SocketAddr::new(remote.ip().to_canonical(), remote.port()),
         };
         let service = TowerToHyperService::new(make(conn));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let watched = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = watched.await {
-                tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
-            }
-        });
+        tokio::spawn(connection(
+            stream,
+            clock,
+            builder.clone(),
+            service,
+            graceful.watcher(),
+            conn,
+        ));
     }
     tracing::info!(server = listener.name, "Stopped accepting connections");
+}
+
+/// Serves one accepted connection, accepted when `clock` was made, until
+/// it ends, its first request head does not come in time, or a graceful
+/// shutdown ends it.
+async fn connection<IO, S, B>(
+    io: IO,
+    clock: Arc<HeadClock>,
+    mut builder: auto::Builder<TokioExecutor>,
+    service: S,
+    watcher: Watcher,
+    conn: Conn,
+) where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    builder.http1().timer(HeadTimer(clock.clone()));
+    let serve = async {
+        let mut io = io;
+        let Ok(ahead) = read_first_head(&mut io).await else {
+            return;
+        };
+        let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
+        let served = builder.serve_connection_with_upgrades(io, service);
+        if let Err(e) = watcher.watch(served).await {
+            tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
+        }
+    };
+    tokio::select! {
+        () = serve => {}
+        () = first_head(&clock) => {
+            tracing::debug!(client = %conn.remote, "closed: no request head within a minute");
+        }
+    }
 }
 
 /// Serves one of the small servers (admin, stats, metrics, profiling) on
@@ -186,6 +226,161 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::time::{Instant, sleep, timeout};
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const H2_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+    /// A connection served as `serve` serves it, with an app that answers
+    /// 200 to everything, over an in-memory stream; and the graceful
+    /// shutdown it is tracked by.
+    fn connect(builder: auto::Builder<TokioExecutor>) -> (DuplexStream, GracefulShutdown) {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let graceful = GracefulShutdown::new();
+        let service = TowerToHyperService::new(service_fn(|_: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+        }));
+        let conn = Conn {
+            remote: SocketAddr::from(([127, 0, 0, 1], 1)),
+        };
+        tokio::spawn(connection(
+            server,
+            HeadClock::new(HEAD_TIMEOUT),
+            builder,
+            service,
+            graceful.watcher(),
+            conn,
+        ));
+        (client, graceful)
+    }
+
+    /// Reads (and drops) whatever comes until the server closes the
+    /// stream, and says when that was; gives up after two hours.
+    async fn closed_at(client: &mut DuplexStream) -> Instant {
+        let mut buf = [0; 4096];
+        let closed = async { while client.read(&mut buf).await.is_ok_and(|n| n > 0) {} };
+        let _ = timeout(Duration::from_secs(7200), closed).await;
+        Instant::now()
+    }
+
+    /// Reads one whole `200` answer without a body.
+    async fn answered(client: &mut DuplexStream) {
+        let mut got = Vec::new();
+        let mut buf = [0; 1024];
+        while !got.ends_with(b"\r\n\r\n") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "closed before answering");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"), "{got:?}");
+    }
+
+    /// Writes `head` a line a second, then more header lines, until the
+    /// server closes the stream or ten minutes have passed.
+    async fn dribble(client: &mut DuplexStream, head: &[u8]) -> Instant {
+        let (mut read, mut write) = tokio::io::split(client);
+        let lines = async {
+            let more = std::iter::repeat_n(&b"X-A: b\r\n"[..], 600);
+            for line in head.split_inclusive(|b| *b == b'\n').chain(more) {
+                if write.write_all(line).await.is_err() {
+                    break;
+                }
+                sleep(Duration::from_secs(1)).await;
+            }
+        };
+        let closed = async {
+            let mut buf = [0; 4096];
+            while read.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            Instant::now()
+        };
+        tokio::select! {
+            at = closed => at,
+            () = lines => Instant::now(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_sends_nothing_is_closed_a_minute_after_accept() {
+        for builder in [main_builder(), admin_builder()] {
+            let start = Instant::now();
+            let (mut client, _graceful) = connect(builder);
+            assert_eq!(closed_at(&mut client).await - start, HEAD_TIMEOUT);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_head_sent_a_line_a_second_is_cut_a_minute_after_accept() {
+        for builder in [main_builder(), admin_builder()] {
+            let start = Instant::now();
+            let (mut client, _graceful) = connect(builder);
+            assert_eq!(
+                dribble(&mut client, b"GET / HTTP/1.1\r\n").await - start,
+                HEAD_TIMEOUT
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_keep_alive_connections_stay_open() {
+        for builder in [main_builder(), admin_builder()] {
+            let (mut client, _graceful) = connect(builder);
+            for _ in 0..3 {
+                client.write_all(GET).await.unwrap();
+                answered(&mut client).await;
+                sleep(Duration::from_secs(600)).await;
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_head_has_a_minute_from_its_first_byte() {
+        for builder in [main_builder(), admin_builder()] {
+            let (mut client, _graceful) = connect(builder);
+            client.write_all(GET).await.unwrap();
+            answered(&mut client).await;
+            sleep(Duration::from_secs(300)).await;
+            let start = Instant::now();
+            assert_eq!(
+                dribble(&mut client, b"GET / HTTP/1.1\r\n").await - start,
+                HEAD_TIMEOUT
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_in_time_is_answered_however_slowly_it_came() {
+        let (mut client, _graceful) = connect(main_builder());
+        for line in GET.split_inclusive(|b| *b == b'\n') {
+            client.write_all(line).await.unwrap();
+            sleep(Duration::from_secs(19)).await;
+        }
+        answered(&mut client).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_h2c_preface_without_settings_is_closed_a_minute_after_accept() {
+        let start = Instant::now();
+        let (mut client, _graceful) = connect(main_builder());
+        client.write_all(H2_PREFACE).await.unwrap();
+        assert_eq!(closed_at(&mut client).await - start, HEAD_TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_h2c_connection_past_its_settings_may_idle() {
+        let (mut client, _graceful) = connect(main_builder());
+        client.write_all(H2_PREFACE).await.unwrap();
+        client.write_all(H2_SETTINGS).await.unwrap();
+        let start = Instant::now();
+        let closed = closed_at(&mut client).await;
+        assert_eq!(
+            closed - start,
+            Duration::from_secs(7200),
+            "an idle h2c connection was closed"
+        );
+    }
 
     #[test]
     fn backoff_doubles_to_a_second() {

@@ -6,8 +6,12 @@
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use std::time::Duration;
+
 use socket2::{Domain, Socket, Type};
 use tokio::net::TcpListener;
+
+use super::head::HEAD_TIMEOUT;
 
 /// A port could not be listened on.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +32,8 @@ pub(crate) struct Listener {
     pub(super) name: &'static str,
     pub(super) tcp: TcpListener,
     pub(super) addr: SocketAddr,
+    /// How long a request head may take on this port.
+    pub(super) head_timeout: Duration,
 }
 
 impl Listener {
@@ -44,7 +50,21 @@ impl Listener {
         let std: std::net::TcpListener = socket.into();
         let addr = std.local_addr().map_err(err)?;
         let tcp = TcpListener::from_std(std).map_err(err)?;
-        Ok(Self { name, tcp, addr })
+        Ok(Self {
+            name,
+            tcp,
+            addr,
+            head_timeout: HEAD_TIMEOUT,
+        })
+    }
+
+    /// Gives request heads on this port `timeout` instead of
+    /// [`HEAD_TIMEOUT`].
+    pub(crate) fn with_head_timeout(self, head_timeout: Duration) -> Self {
+        Self {
+            head_timeout,
+            ..self
+        }
     }
 
     /// The bound address (`[::]:8012` or `0.0.0.0:8012`).
@@ -76,6 +96,24 @@ fn ipv6_unavailable(e: &io::Error) -> bool {
     const EAFNOSUPPORT: i32 = 97;
     const EADDRNOTAVAIL: i32 = 99;
     matches!(e.raw_os_error(), Some(EAFNOSUPPORT | EADDRNOTAVAIL))
+}
+
+/// Raises the soft limit on open files to the hard one, as Go's runtime
+/// does at start: some container runtimes set a soft limit of 1,024, which
+/// would cap the connections a sidecar can hold far below what Knative's
+/// Go queue-proxy holds. Returns the limit in force.
+pub(crate) fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(error = %e, "cannot raise the open files limit");
+            return getrlimit(Resource::Nofile).current;
+        }
+    }
+    limit.current
 }
 
 /// The listen backlog Go uses: the kernel's `somaxconn`.

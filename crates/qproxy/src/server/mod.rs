@@ -9,6 +9,9 @@
 //! (`Running::shut_down`).
 
 mod conn;
+mod head;
+
+use head::CURRENT_METRICS_HEAD_TIMEOUT;
 mod listener;
 
 use std::future::Future;
@@ -25,7 +28,7 @@ pub(crate) use listener::Listener;
 
 use crate::admin::Admin;
 use crate::common::tunnel::Tunnels;
-use crate::config::Config;
+use crate::config::{Config, Generation};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
 use crate::observe::autoscaler_view::AutoscalerView;
@@ -67,13 +70,19 @@ impl Server {
     /// Binds every port the configuration asks for. Must be called within a
     /// Tokio runtime.
     pub fn bind(config: Config) -> Result<Self, BindError> {
+        let open_files = listener::raise_open_files_limit();
+        tracing::debug!(?open_files, "open files limit");
         let ports = config.ports;
         Ok(Self {
             main: Listener::bind("main", ports.main)?,
             admin: Listener::bind("admin", ports.admin)?,
             stats: Listener::bind("stats", ports.stats)?,
             metrics: if config.observability.prometheus_metrics() {
-                Some(Listener::bind("metrics", ports.metrics)?)
+                let listener = Listener::bind("metrics", ports.metrics)?;
+                Some(match config.observability.generation() {
+                    Generation::Classic => listener,
+                    Generation::Current => listener.with_head_timeout(CURRENT_METRICS_HEAD_TIMEOUT),
+                })
             } else {
                 None
             },

@@ -16,6 +16,7 @@ mod drain;
 mod failures;
 mod headers;
 mod health;
+mod hostile;
 mod layering;
 mod metrics;
 mod otel_env;

@@ -1,0 +1,381 @@
+//! Request-head deadlines: how long a client may take to send a request
+//! head, as Go's `ReadHeaderTimeout` bounds it on every Knative server.
+//!
+//! Go starts the clock for a connection's first request when the
+//! connection is accepted, and for each later request when that request's
+//! first bytes arrive: a keep-alive connection waiting for its next request
+//! has no clock at all, since Knative sets no `IdleTimeout`. When the clock
+//! runs out, the connection is closed without an answer.
+//!
+//! hyper's own header timeout starts as soon as hyper waits for a head,
+//! which would close idle keep-alive connections, and nothing bounds
+//! hyper-util's version detection, which reads before hyper does. So each
+//! connection gets a [`HeadClock`], and two things read it:
+//! - until the connection's first request head has been read (HTTP/1.1),
+//!   or the client's preface and first `SETTINGS` frame (h2c), the
+//!   connection's task races [`first_head`], a deadline [`HEAD_TIMEOUT`]
+//!   after accept (on current Knative's metrics port,
+//!   [`CURRENT_METRICS_HEAD_TIMEOUT`]);
+//! - for every later head, hyper's header timeout runs on a [`HeadTimer`],
+//!   whose sleeps start counting only once [`Watched`], the connection's
+//!   I/O, sees the head's first bytes arrive.
+//!
+//! A connection's first head is read ahead of hyper, into a buffer the
+//! size of what has come ([`read_first_head`]): hyper's 16 KiB of buffers
+//! are only taken once a client has sent a whole head, so that slow
+//! clients cost less than they cost Go's server.
+//!
+//! One case differs from Go: bytes of the next request that arrived with
+//! the previous one (pipelining) start no clock until more bytes come. A
+//! client that sends part of a head that way and then nothing holds what
+//! an idle keep-alive connection holds, which Knative allows for as long as
+//! the client likes.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// How long a request head may take to arrive: the `ReadHeaderTimeout` of
+/// one minute Knative gives the queue-proxy's servers
+/// (`knative.dev/pkg/network.NewServer` for the main port, and the admin,
+/// stats and classic metrics servers). For h2c, the client's connection
+/// preface and first `SETTINGS` frame count as the first head.
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Current Knative's metrics server on 9091 gives request heads five
+/// seconds (`knative.dev/pkg/observability/metrics/prometheus`).
+pub(crate) const CURRENT_METRICS_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The HTTP/2 client connection preface.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The preface and a frame header, whose first three bytes are the
+/// frame's length.
+const H2_SNIFF: usize = H2_PREFACE.len() + 9;
+
+/// The first read's buffer for a connection's first head: most heads fit.
+const READ_AHEAD_FIRST: usize = 1024;
+/// Most bytes read ahead of hyper: a first head not complete by then is
+/// left to hyper, which refuses one over Go's limit.
+const READ_AHEAD_MAX: usize = 16 * 1024;
+
+/// Reads a connection's first bytes until they hold a whole HTTP/1
+/// request head or the h2c preface, or [`READ_AHEAD_MAX`] bytes, or the
+/// client stops sending; returns them, for [`Watched`] to give hyper
+/// first.
+pub(crate) async fn read_first_head<IO: AsyncRead + Unpin>(io: &mut IO) -> io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(READ_AHEAD_FIRST);
+    loop {
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity());
+        }
+        if io.read_buf(&mut buf).await? == 0 || first_head_read(&buf) {
+            return Ok(buf.freeze());
+        }
+    }
+}
+
+/// Whether `buf`, a connection's first bytes, holds enough for hyper.
+fn first_head_read(buf: &[u8]) -> bool {
+    let known = buf.len().min(H2_PREFACE.len());
+    if buf[..known] == H2_PREFACE[..known] {
+        return buf.len() >= H2_PREFACE.len();
+    }
+    // A blank line ends a head; Go and hyper take bare LFs too.
+    buf.len() >= READ_AHEAD_MAX
+        || buf.windows(2).any(|w| w == b"\n\n")
+        || buf.windows(3).any(|w| w == b"\n\r\n")
+}
+
+/// One connection's request-head clock, shared by its I/O ([`Watched`]),
+/// hyper's header timeout ([`HeadTimer`]) and its task ([`first_head`]).
+#[derive(Debug)]
+pub(crate) struct HeadClock {
+    accepted: Instant,
+    timeout: Duration,
+    /// The first head (or the h2c preface and settings) has been read.
+    first_done: AtomicBool,
+    /// hyper is waiting for a head.
+    awaiting: AtomicBool,
+    /// When the first bytes of the awaited head arrived, as nanoseconds
+    /// since `accepted`, plus one; zero while none have.
+    started: AtomicU64,
+}
+
+impl HeadClock {
+    /// A clock for a connection accepted now, whose heads have `timeout`
+    /// each.
+    pub(crate) fn new(timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            accepted: Instant::now(),
+            timeout,
+            first_done: AtomicBool::new(false),
+            awaiting: AtomicBool::new(false),
+            started: AtomicU64::new(0),
+        })
+    }
+
+    fn first_done(&self) -> bool {
+        self.first_done.load(Ordering::Relaxed)
+    }
+
+    /// Notes that bytes arrived: if a later head is awaited and its clock
+    /// has not started, it starts now.
+    fn bytes_arrived(&self) {
+        if self.awaiting.load(Ordering::Relaxed) && self.started.load(Ordering::Relaxed) == 0 {
+            let since = self.accepted.elapsed().as_nanos();
+            let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
+            self.started.store(since + 1, Ordering::Relaxed);
+        }
+    }
+
+    fn started_at(&self) -> Option<Instant> {
+        match self.started.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.accepted + Duration::from_nanos(n - 1)),
+        }
+    }
+
+    fn await_head(&self) {
+        self.started.store(0, Ordering::Relaxed);
+        self.awaiting.store(true, Ordering::Relaxed);
+    }
+
+    fn head_read(&self) {
+        self.awaiting.store(false, Ordering::Relaxed);
+        self.first_done.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Resolves when the connection's first head has not arrived within its
+/// timeout of accept; never, if it has.
+pub(crate) async fn first_head(clock: &HeadClock) {
+    tokio::time::sleep_until(clock.accepted + clock.timeout).await;
+    if clock.first_done() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The timer hyper's HTTP/1 header timeout runs on. hyper asks it for a
+/// sleep each time it begins waiting for a head, and drops the sleep once
+/// the head is read; the sleep counts the connection's head timeout from
+/// the head's first bytes, whatever deadline hyper asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct HeadTimer(pub(crate) Arc<HeadClock>);
+
+impl HeadTimer {
+    fn head_sleep(&self) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        let first = !self.0.first_done();
+        self.0.await_head();
+        Box::pin(HeadSleep {
+            clock: self.0.clone(),
+            first,
+            timer: None,
+        })
+    }
+}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, _: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.head_sleep()
+    }
+
+    fn sleep_until(&self, _: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.head_sleep()
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, _: std::time::Instant) {
+        // The old sleep says its head is read when dropped: drop it first.
+        *sleep = Box::pin(Never);
+        *sleep = self.head_sleep();
+    }
+}
+
+/// A sleep of [`HeadTimer`]: pending until the head's first bytes arrive,
+/// then the head timeout from them. The first head's deadline is
+/// [`first_head`]'s, so its sleep never fires.
+struct HeadSleep {
+    clock: Arc<HeadClock>,
+    first: bool,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for HeadSleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.first {
+            return Poll::Pending;
+        }
+        if self.timer.is_none() {
+            // hyper polls this right after each read that left the head
+            // incomplete, so the bytes that start the clock have been
+            // seen; until then, the next read wakes the task.
+            let Some(started) = self.clock.started_at() else {
+                return Poll::Pending;
+            };
+            let deadline = started + self.clock.timeout;
+            self.timer = Some(Box::pin(tokio::time::sleep_until(deadline)));
+        }
+        match self.timer.as_mut() {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for HeadSleep {
+    fn drop(&mut self) {
+        self.clock.head_read();
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
+
+/// A future that never resolves, as a hyper sleep.
+struct Never;
+
+impl Future for Never {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+impl hyper::rt::Sleep for Never {}
+
+/// A connection's I/O, telling its [`HeadClock`] when bytes arrive, and
+/// when an h2c client's preface and first frame are complete.
+#[derive(Debug)]
+pub(crate) struct Watched<IO> {
+    io: IO,
+    clock: Arc<HeadClock>,
+    /// Bytes read ahead ([`read_first_head`]), given to hyper first.
+    ahead: Bytes,
+    /// The connection's first bytes, until they show whether it is h2c.
+    sniff: Option<Box<Sniff>>,
+}
+
+#[derive(Debug)]
+struct Sniff {
+    first: [u8; H2_SNIFF],
+    read: usize,
+}
+
+impl<IO> Watched<IO> {
+    /// Wraps `io`, a connection whose clock is `clock` and from which
+    /// `ahead` has been read already.
+    pub(crate) fn new(io: IO, clock: Arc<HeadClock>, ahead: Bytes) -> Self {
+        Self {
+            io,
+            clock,
+            ahead,
+            sniff: Some(Box::new(Sniff {
+                first: [0; H2_SNIFF],
+                read: 0,
+            })),
+        }
+    }
+
+    fn arrived(&mut self, bytes: &[u8]) {
+        if let Some(sniff) = &mut self.sniff {
+            match sniff.h2_settled(bytes) {
+                Some(true) => {
+                    self.clock.first_done.store(true, Ordering::Relaxed);
+                    self.sniff = None;
+                }
+                Some(false) => self.sniff = None,
+                None => {}
+            }
+        }
+        self.clock.bytes_arrived();
+    }
+}
+
+impl Sniff {
+    /// Takes the next bytes read: `Some(true)` once an h2c preface and the
+    /// whole frame after it have arrived, `Some(false)` once the bytes are
+    /// not an h2c preface, `None` while it cannot tell.
+    fn h2_settled(&mut self, bytes: &[u8]) -> Option<bool> {
+        let start = self.read.min(H2_SNIFF);
+        let take = (H2_SNIFF - start).min(bytes.len());
+        self.first[start..start + take].copy_from_slice(&bytes[..take]);
+        self.read = self.read.saturating_add(bytes.len());
+        let known = self.read.min(H2_PREFACE.len());
+        if self.first[..known] != H2_PREFACE[..known] {
+            return Some(false);
+        }
+        if self.read < H2_SNIFF {
+            return None;
+        }
+        let [a, b, c] = [self.first[24], self.first[25], self.first[26]];
+        let frame = u32::from_be_bytes([0, a, b, c]) as usize;
+        (self.read >= H2_SNIFF + frame).then_some(true)
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = if self.ahead.is_empty() {
+            Pin::new(&mut self.io).poll_read(cx, buf)
+        } else {
+            let n = self.ahead.len().min(buf.remaining());
+            buf.put_slice(&self.ahead[..n]);
+            self.ahead.advance(n);
+            if self.ahead.is_empty() {
+                // Frees the read-ahead buffer.
+                self.ahead = Bytes::new();
+            }
+            Poll::Ready(Ok(()))
+        };
+        if let Poll::Ready(Ok(())) = polled
+            && buf.filled().len() > before
+        {
+            self.arrived(&buf.filled()[before..]);
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
