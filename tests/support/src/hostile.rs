@@ -82,13 +82,25 @@ pub const HEADER_LINE: &[u8] = b"X-Slow: a\r\n";
 /// follow it.
 pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Raises this process's soft limit on open files to its hard limit (the
-/// tests open thousands of connections), and returns it.
+/// Raises this process's limit on open files (the tests open tens of
+/// thousands of connections): to 65,536 where it may (as root), else the
+/// soft limit to the hard one; returns the limit in force.
 pub fn raise_open_files() -> u64 {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut limit = getrlimit(Resource::Nofile);
-    limit.current = limit.maximum;
-    let _ = setrlimit(Resource::Nofile, limit);
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let wanted = Rlimit {
+        current: Some(65_536),
+        maximum: Some(65_536),
+    };
+    let limit = getrlimit(Resource::Nofile);
+    if limit.maximum.is_some_and(|max| max < 65_536) && setrlimit(Resource::Nofile, wanted).is_ok()
+    {
+        return 65_536;
+    }
+    let raised = Rlimit {
+        current: limit.maximum,
+        ..limit
+    };
+    let _ = setrlimit(Resource::Nofile, raised);
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 

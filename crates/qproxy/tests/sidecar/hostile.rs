@@ -154,6 +154,12 @@ async fn current_knative_s_metrics_port_gives_heads_five_seconds() {
         "{held:?}"
     );
     // The main port keeps Knative's minute.
-    let main = hold(qp.main, REQUEST_LINE, Some(HEADER_LINE), Duration::from_secs(10)).await;
+    let main = hold(
+        qp.main,
+        REQUEST_LINE,
+        Some(HEADER_LINE),
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(main, Held::Open);
 }
