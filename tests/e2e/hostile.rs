@@ -11,9 +11,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
-/// Knative's `ReadHeaderTimeout`.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Both proxies in front of one app, with classic Knative's environment.
 struct Pair {
     app: App,
@@ -39,20 +36,17 @@ impl Pair {
     }
 }
 
-/// Says how `n` connections that each sent `first` (then a header line a
-/// second, if `dribble`) ended, and the proxy's resident memory (KiB)
-/// while they were held.
-async fn hold_many(
-    addr: SocketAddr,
-    pid: u32,
-    n: usize,
-    first: &'static [u8],
-    dribble: bool,
-) -> (Vec<Held>, u64) {
-    let line = dribble.then_some(HEADER_LINE);
+/// Says how `n` connections that each sent a request head a line a second
+/// ended, and the proxy's resident memory (KiB) while they were held.
+async fn dribble_many(addr: SocketAddr, pid: u32, n: usize) -> (Vec<Held>, u64) {
     let mut tasks = JoinSet::new();
     for _ in 0..n {
-        tasks.spawn(hold(addr, first, line, HEAD_TIMEOUT * 2));
+        tasks.spawn(hold(
+            addr,
+            REQUEST_LINE,
+            Some(HEADER_LINE),
+            HEAD_TIMEOUT * 2,
+        ));
     }
     // Midway, every connection is open and has sent some lines.
     let open = eventually(HEAD_TIMEOUT / 2, || open_fds(pid) >= n).await;
@@ -69,7 +63,7 @@ async fn slow_heads_are_closed_as_go_closes_them_in_less_memory() {
     let pair = Pair::start().await;
     let mut results = Vec::new();
     let play = |(name, addr, pid): (&'static str, SocketAddr, u32)| async move {
-        let (dribbled, rss) = hold_many(addr, pid, 2000, REQUEST_LINE, true).await;
+        let (dribbled, rss) = dribble_many(addr, pid, 2000).await;
         (name, dribbled, rss)
     };
     let [go, qp] = pair.each();
@@ -281,7 +275,7 @@ impl Drop for GoApp {
     }
 }
 
-/// The statuses `n` clients see, a request after another each, until
+/// The statuses four clients see, a request after another each, until
 /// `stop` is set.
 async fn load(addr: SocketAddr, stop: tokio::sync::watch::Receiver<bool>) -> Vec<u16> {
     let mut tasks = JoinSet::new();

@@ -9,6 +9,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+/// How long Knative's servers give a request head (`ReadHeaderTimeout`).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How a connection a hostile client held ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {

@@ -135,7 +135,7 @@ pub(crate) async fn serve<M, S, B>(
 /// it ends, its first request head does not come in time, or a graceful
 /// shutdown ends it.
 async fn connection<IO, S, B>(
-    io: IO,
+    mut io: IO,
     clock: Arc<HeadClock>,
     mut builder: auto::Builder<TokioExecutor>,
     service: S,
@@ -152,7 +152,6 @@ async fn connection<IO, S, B>(
 {
     builder.http1().timer(HeadTimer(clock.clone()));
     let serve = async {
-        let mut io = io;
         let Ok(ahead) = read_first_head(&mut io).await else {
             return;
         };
@@ -227,11 +226,11 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    use super::super::head::H2_PREFACE;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
     use tokio::time::{Instant, sleep, timeout};
 
     const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
-    const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     const H2_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
     /// A connection served as `serve` serves it, with an app that answers

@@ -55,7 +55,7 @@ pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 pub(crate) const CURRENT_METRICS_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The HTTP/2 client connection preface.
-const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(super) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The preface and a frame header, whose first three bytes are the
 /// frame's length.
 const H2_SNIFF: usize = H2_PREFACE.len() + 9;
@@ -260,7 +260,8 @@ pub(crate) struct Watched<IO> {
     clock: Arc<HeadClock>,
     /// Bytes read ahead ([`read_first_head`]), given to hyper first.
     ahead: Bytes,
-    /// The connection's first bytes, until they show whether it is h2c.
+    /// For an h2c connection, its first bytes, until the frame after the
+    /// preface is complete.
     sniff: Option<Box<Sniff>>,
 }
 
@@ -272,53 +273,48 @@ struct Sniff {
 
 impl<IO> Watched<IO> {
     /// Wraps `io`, a connection whose clock is `clock` and from which
-    /// `ahead` has been read already.
+    /// `ahead` has been read already ([`read_first_head`]), which tells
+    /// whether it is h2c.
     pub(crate) fn new(io: IO, clock: Arc<HeadClock>, ahead: Bytes) -> Self {
+        let h2c = ahead.starts_with(H2_PREFACE);
         Self {
             io,
             clock,
             ahead,
-            sniff: Some(Box::new(Sniff {
-                first: [0; H2_SNIFF],
-                read: 0,
-            })),
+            sniff: h2c.then(|| {
+                Box::new(Sniff {
+                    first: [0; H2_SNIFF],
+                    read: 0,
+                })
+            }),
         }
     }
 
     fn arrived(&mut self, bytes: &[u8]) {
-        if let Some(sniff) = &mut self.sniff {
-            match sniff.h2_settled(bytes) {
-                Some(true) => {
-                    self.clock.first_done.store(true, Ordering::Relaxed);
-                    self.sniff = None;
-                }
-                Some(false) => self.sniff = None,
-                None => {}
-            }
+        if let Some(sniff) = &mut self.sniff
+            && sniff.settled(bytes)
+        {
+            self.clock.first_done.store(true, Ordering::Relaxed);
+            self.sniff = None;
         }
         self.clock.bytes_arrived();
     }
 }
 
 impl Sniff {
-    /// Takes the next bytes read: `Some(true)` once an h2c preface and the
-    /// whole frame after it have arrived, `Some(false)` once the bytes are
-    /// not an h2c preface, `None` while it cannot tell.
-    fn h2_settled(&mut self, bytes: &[u8]) -> Option<bool> {
+    /// Takes the next bytes read from an h2c connection; true once the
+    /// whole frame after the preface (the client's `SETTINGS`) is in.
+    fn settled(&mut self, bytes: &[u8]) -> bool {
         let start = self.read.min(H2_SNIFF);
         let take = (H2_SNIFF - start).min(bytes.len());
         self.first[start..start + take].copy_from_slice(&bytes[..take]);
         self.read = self.read.saturating_add(bytes.len());
-        let known = self.read.min(H2_PREFACE.len());
-        if self.first[..known] != H2_PREFACE[..known] {
-            return Some(false);
-        }
         if self.read < H2_SNIFF {
-            return None;
+            return false;
         }
         let [a, b, c] = [self.first[24], self.first[25], self.first[26]];
         let frame = u32::from_be_bytes([0, a, b, c]) as usize;
-        (self.read >= H2_SNIFF + frame).then_some(true)
+        self.read >= H2_SNIFF + frame
     }
 }
 

@@ -5,7 +5,6 @@
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};

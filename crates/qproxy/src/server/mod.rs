@@ -10,8 +10,6 @@
 
 mod conn;
 mod head;
-
-use head::CURRENT_METRICS_HEAD_TIMEOUT;
 mod listener;
 
 use std::future::Future;
@@ -23,6 +21,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use head::CURRENT_METRICS_HEAD_TIMEOUT;
 pub use listener::BindError;
 pub(crate) use listener::Listener;
 

@@ -8,9 +8,6 @@ use qproxy_test_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Knative's `ReadHeaderTimeout`.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Whether `held` is a close at the head deadline (not before it, and not
 /// long after), with no HTTP/1 answer.
 fn closed_at_deadline(held: Held, h2: bool) -> bool {
