@@ -81,26 +81,31 @@ impl<'o, 'a> State<'o, 'a> {
                     cmds: pipe.cmds.clone(),
                 };
                 let v = self.pipeline(dot, &bare)?;
-                let items: Vec<(Value<'a>, Value<'a>)> = match v {
-                    Value::List(items) => items
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, v)| (Value::Int(i as i64), v))
-                        .collect(),
-                    Value::Map { entries, .. } => funcs::map_entries(&entries)
-                        .into_iter()
-                        .map(|(k, v)| (Value::Str(k.clone()), v.clone()))
-                        .collect(),
-                    Value::Int(n) => (0..n.max(0))
-                        .map(|i| (Value::Int(i), Value::Int(i)))
-                        .collect(),
-                    Value::Nil | Value::Missing => Vec::new(),
+                // Elements are made one at a time: `range 1000000000` costs
+                // time, as in Go, not memory.
+                let items: Box<dyn Iterator<Item = (Value<'a>, Value<'a>)>> = match v {
+                    Value::List(items) => Box::new(
+                        items
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, v)| (Value::Int(i as i64), v)),
+                    ),
+                    Value::Map { entries, .. } => Box::new(
+                        funcs::map_entries(&entries)
+                            .into_iter()
+                            .map(|(k, v)| (Value::Str(k.clone()), v.clone()))
+                            .collect::<Vec<_>>()
+                            .into_iter(),
+                    ),
+                    Value::Int(n) => {
+                        Box::new((0..n.max(0)).map(|i| (Value::Int(i), Value::Int(i))))
+                    }
+                    Value::Nil | Value::Missing => Box::new(std::iter::empty()),
                     v => return Err(err(format!("range can't iterate over {v:?}"))),
                 };
-                if items.is_empty() {
-                    self.walk(dot, otherwise)?;
-                }
+                let mut empty = true;
                 for (key, item) in items {
+                    empty = false;
                     let scope = self.vars.len();
                     match pipe.vars.as_slice() {
                         [] => {}
@@ -112,6 +117,9 @@ impl<'o, 'a> State<'o, 'a> {
                     }
                     self.walk(&item, body)?;
                     self.vars.truncate(scope);
+                }
+                if empty {
+                    self.walk(dot, otherwise)?;
                 }
                 self.vars.truncate(mark);
             }

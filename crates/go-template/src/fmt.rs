@@ -164,6 +164,9 @@ impl Spec {
     }
 }
 
+/// A width or precision Go's `fmt` refuses.
+struct TooLarge;
+
 /// Go's `fmt.Sprintf`.
 pub fn sprintf(format: &[u8], args: &[Value<'_>], out: &mut Vec<u8>) {
     let mut next = 0;
@@ -191,19 +194,32 @@ pub fn sprintf(format: &[u8], args: &[Value<'_>], out: &mut Vec<u8>) {
             }
             i += 1;
         }
-        let number = |i: &mut usize| {
-            let start = *i;
-            while format.get(*i).is_some_and(u8::is_ascii_digit) {
+        // Go's `parsenum`: a width or precision past a million is taken
+        // for garbage, and the rest of the format with it.
+        let number = |i: &mut usize| -> Result<Option<usize>, TooLarge> {
+            let mut num = None;
+            while let Some(&d) = format.get(*i).filter(|d| d.is_ascii_digit()) {
+                let n: usize = num.unwrap_or(0);
+                if n > 1_000_000 {
+                    return Err(TooLarge);
+                }
+                num = Some(n * 10 + usize::from(d - b'0'));
                 *i += 1;
             }
-            std::str::from_utf8(&format[start..*i])
-                .ok()
-                .and_then(|s| s.parse::<usize>().ok())
+            Ok(num)
         };
-        spec.width = number(&mut i);
-        if format.get(i) == Some(&b'.') {
-            i += 1;
-            spec.precision = Some(number(&mut i).unwrap_or(0));
+        let parsed = number(&mut i).and_then(|width| {
+            spec.width = width;
+            // A `.` that ends the format is the verb, not a precision.
+            if format.get(i) == Some(&b'.') && i + 1 < format.len() {
+                i += 1;
+                spec.precision = Some(number(&mut i)?.unwrap_or(0));
+            }
+            Ok(())
+        });
+        if parsed.is_err() {
+            out.extend_from_slice(b"%!(NOVERB)");
+            break;
         }
         let Some(&verb) = format.get(i) else {
             out.extend_from_slice(b"%!(NOVERB)");
@@ -229,7 +245,7 @@ pub fn sprintf(format: &[u8], args: &[Value<'_>], out: &mut Vec<u8>) {
             Some(arg) => {
                 next += 1;
                 if verb_len != 1 || !format_one(verb, spec, arg, out) {
-                    bad_verb(verb_bytes, arg, out);
+                    bad_verb(verb_bytes, spec, arg, out);
                 }
             }
         }
@@ -249,7 +265,9 @@ pub fn sprintf(format: &[u8], args: &[Value<'_>], out: &mut Vec<u8>) {
 }
 
 /// `%!v(type=value)`.
-fn bad_verb(verb: &[u8], arg: &Value<'_>, out: &mut Vec<u8>) {
+/// The value is printed with `%v` and the verb's flags, width and
+/// precision, as Go's `badVerb` prints it.
+fn bad_verb(verb: &[u8], spec: Spec, arg: &Value<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(b"%!");
     out.extend_from_slice(verb);
     out.push(b'(');
@@ -258,7 +276,9 @@ fn bad_verb(verb: &[u8], arg: &Value<'_>, out: &mut Vec<u8>) {
     } else {
         out.extend_from_slice(arg.type_name().as_bytes());
         out.push(b'=');
-        arg.write_v(out);
+        if !format_one(b'v', spec, arg, out) {
+            arg.write_v(out);
+        }
     }
     out.push(b')');
 }
@@ -316,7 +336,7 @@ fn format_one(verb: u8, spec: Spec, arg: &Value<'_>, out: &mut Vec<u8>) -> bool 
                     s.push(b' ');
                 }
                 if !format_one(b's', spec, item, &mut s) {
-                    bad_verb(b"s", item, &mut s);
+                    bad_verb(b"s", spec, item, &mut s);
                 }
             }
             s.push(b']');

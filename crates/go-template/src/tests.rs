@@ -38,3 +38,34 @@ fn header_keys_are_canonical() {
     assert_eq!(&*canonical_header_key(b"CONTENT-type"), b"Content-Type");
     assert_eq!(&*canonical_header_key(b"bad key"), b"bad key");
 }
+
+#[test]
+fn range_over_an_integer_makes_one_element_at_a_time() {
+    assert_eq!(
+        render("{{range 3}}{{.}}{{end}}", Value::Nil).unwrap(),
+        "012"
+    );
+    assert_eq!(
+        render("{{range 0}}x{{else}}none{{end}}", Value::Nil).unwrap(),
+        "none"
+    );
+    // Made all at once, these elements would need terabytes; the first
+    // one fails the template.
+    let e = render("{{range 100000000000}}{{index . 0}}{{end}}", Value::Nil).unwrap_err();
+    assert!(e.to_string().contains("index"), "{e}");
+}
+
+#[test]
+fn printf_refuses_widths_and_precisions_past_a_million_as_go_does() {
+    let printf = |f: &str| {
+        let mut out = Vec::new();
+        crate::fmt::sprintf(f.as_bytes(), &[Value::Int(7)], &mut out);
+        String::from_utf8(out).expect("utf-8")
+    };
+    assert_eq!(printf("%3d|"), "  7|");
+    assert_eq!(printf("a%90000000000000dz"), "a%!(NOVERB)%!(EXTRA int=7)");
+    assert_eq!(printf("a%.90000000000000fz"), "a%!(NOVERB)%!(EXTRA int=7)");
+    assert_eq!(printf("%1000001d").len(), 1_000_001);
+    assert_eq!(printf("%5."), "%!.(int=    7)");
+    assert_eq!(printf("%-4z|"), "%!z(int=7   )|");
+}
