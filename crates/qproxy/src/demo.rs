@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -124,7 +125,26 @@ async fn serve_app(listener: TcpListener) {
     }
 }
 
+/// The hello app, answering `HEAD` as it answers `GET` but with no body:
+/// hyper's HTTP/2 server would send the body, which an HTTP/2 client (and
+/// qproxy, proxying an h2c request) takes for a protocol error.
 async fn app(req: Request<Incoming>) -> Result<Response<AppBody>, Infallible> {
+    let head = req.method() == http::Method::HEAD;
+    let res = answer(req).await?;
+    if !head {
+        return Ok(res);
+    }
+    let (mut parts, body) = res.into_parts();
+    if let Some(len) = body.size_hint().exact() {
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    }
+    let empty = Full::new(Bytes::new()).map_err(|e| match e {}).boxed();
+    Ok(Response::from_parts(parts, empty))
+}
+
+async fn answer(req: Request<Incoming>) -> Result<Response<AppBody>, Infallible> {
     let full = |s: String| Full::new(Bytes::from(s)).map_err(|e| match e {}).boxed();
     Ok(match req.uri().path() {
         "/headers" => {
