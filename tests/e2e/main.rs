@@ -1,7 +1,7 @@
 //! qproxy checked against the outside world, end to end: side by side
 //! with Knative's own Go queue-proxy (built from the Go module proxy by
 //! `tests/oracle`), rendered by Go's `text/template`, read by
-//! `go tool pprof`, and the image and the Knative overlay opened by the
+//! `go tool pprof`, h2spec's HTTP/2 cases, and the image and the Knative overlay opened by the
 //! tools a cluster uses (skopeo, kustomize).
 //!
 //! Each test that needs a tool beyond Rust is `#[ignore]`d with the tool
@@ -14,6 +14,7 @@
 
 mod current;
 mod go_template;
+mod h2spec;
 mod health;
 mod hostile;
 mod image;

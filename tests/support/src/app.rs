@@ -98,7 +98,13 @@ impl App {
                     async move { Ok::<_, Infallible>(fut.await) }
                 });
                 tokio::spawn(async move {
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    // More than a client connection of qproxy's may carry
+                    // (hyper's default is 200), so that the app is never
+                    // what limits a test.
+                    builder.http2().max_concurrent_streams(1000);
+                    let _ = builder
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
                     conns.counts.lock().unwrap().1 -= 1;

@@ -1,6 +1,7 @@
 //! What qproxy's tests share: the real `qproxy` binary run as a child
 //! process ([`process`]), real apps on loopback ([`app`]), clients
-//! ([`client`]), hostile clients and what they cost ([`hostile`]),
+//! ([`client`]), hostile clients and what they cost ([`hostile`]), raw
+//! HTTP/2 frames ([`h2frames`]),
 //! collectors of what it exports ([`collector`]), and
 //! Knative's own Go queue-proxy run beside it as the oracle ([`oracle`]).
 //!
@@ -14,6 +15,7 @@
 pub mod app;
 pub mod client;
 pub mod collector;
+pub mod h2frames;
 pub mod hostile;
 pub mod oracle;
 pub mod process;

@@ -14,6 +14,7 @@
 mod concurrency;
 mod drain;
 mod failures;
+mod h2_abuse;
 mod headers;
 mod health;
 mod hostile;
