@@ -32,6 +32,8 @@ mod common;
 pub mod config;
 pub mod demo;
 mod drain;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 mod layers;
 mod observe;
 mod profiling;

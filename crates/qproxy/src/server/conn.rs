@@ -134,7 +134,7 @@ pub(crate) async fn serve<M, S, B>(
 /// Serves one accepted connection, accepted when `clock` was made, until
 /// it ends, its first request head does not come in time, or a graceful
 /// shutdown ends it.
-async fn connection<IO, S, B>(
+pub(super) async fn connection<IO, S, B>(
     mut io: IO,
     clock: Arc<HeadClock>,
     mut builder: auto::Builder<TokioExecutor>,

@@ -118,6 +118,46 @@ impl Server {
     }
 }
 
+/// The main port without its listener, for the fuzz targets: serves any
+/// byte stream handed to it as an accepted connection, through the whole
+/// request stack, to the user container the configuration names.
+#[cfg(feature = "fuzzing")]
+#[derive(Debug)]
+pub struct MainPort {
+    shared: Shared,
+    graceful: GracefulShutdown,
+}
+
+#[cfg(feature = "fuzzing")]
+impl MainPort {
+    /// The main port of `config`. Must be called within a Tokio runtime.
+    pub fn new(config: &Config) -> Result<Self, ExportError> {
+        Ok(Self {
+            shared: build(config)?.main,
+            graceful: GracefulShutdown::new(),
+        })
+    }
+
+    /// Serves `io`, a connection from `remote`, until it ends.
+    pub async fn serve<IO>(&self, io: IO, remote: SocketAddr)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let conn = crate::common::Conn { remote };
+        let service =
+            hyper_util::service::TowerToHyperService::new(stack::main_service(&self.shared, conn));
+        conn::connection(
+            io,
+            head::HeadClock::new(head::HEAD_TIMEOUT),
+            main_builder(),
+            service,
+            self.graceful.watcher(),
+            conn,
+        )
+        .await;
+    }
+}
+
 /// The state behind the servers, built from the configuration.
 struct Parts {
     /// What every connection of the main port shares.

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["stack"],
     &["admin", "stats", "profiling"],
     &["server"],
-    &["demo"],
+    &["demo", "fuzz"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {
