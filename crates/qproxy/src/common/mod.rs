@@ -36,9 +36,12 @@ pub(crate) const MAX_HEADER_BYTES: usize = (1 << 20) + 4096;
 /// (Envoy) pass at most 100 by default.
 pub(crate) const MAX_HEADER_FIELDS: usize = 1_024;
 
-/// Largest response head taken from the app: Go's transport's default
-/// `MaxResponseHeaderBytes` (10 MiB), which Knative keeps.
-pub(crate) const MAX_RESPONSE_HEADER_BYTES: usize = 10 << 20;
+/// Largest response head taken from the app: 2 MiB, where Go's transport
+/// takes 10 (`MaxResponseHeaderBytes`). hyper's read buffer is bounded by
+/// the same setting and grows towards it while a fast app streams a body:
+/// at 10 MiB, a streamed response held up to 8 MiB of buffer per
+/// connection; at 2 MiB, 2.
+pub(crate) const MAX_RESPONSE_HEADER_BYTES: usize = 2 << 20;
 
 /// What one of the small servers (admin, stats, metrics, profiling) does
 /// with each request.
