@@ -9,13 +9,23 @@ use crate::value::Value;
 /// without, the shortest digits that read back as `f`.
 fn digits(f: f64, precision: Option<usize>) -> (Vec<u8>, i32) {
     let s = match precision {
-        Some(p) => format!("{:.*e}", p.saturating_sub(1), f),
+        Some(p) => format!("{:.*e}", p.saturating_sub(1).min(EXACT_DIGITS), f),
         None => format!("{f:e}"),
     };
     let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
-    let digits = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let mut digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    if let Some(p) = precision {
+        // Past the exact expansion, every digit is a zero.
+        digits.resize(digits.len().max(p), b'0');
+    }
     (digits, exp.parse().unwrap_or(0))
 }
+
+/// More digits than any `f64`'s exact decimal expansion has (at most 767
+/// significant ones, 1,074 after the point): Rust's formatting takes
+/// precisions up to 65,535 only, Go's up to ten million, and past these
+/// every digit is a zero.
+const EXACT_DIGITS: usize = 1_100;
 
 fn special(f: f64, plus: bool) -> Option<String> {
     if f.is_nan() {
@@ -455,7 +465,11 @@ fn float_f(f: f64, precision: usize, spec: Spec) -> String {
     if !f.is_finite() {
         return special(f, spec.plus).unwrap_or_default();
     }
-    let body = format!("{:.*}", precision, f.abs());
+    let mut body = format!("{:.*}", precision.min(EXACT_DIGITS), f.abs());
+    body.extend(std::iter::repeat_n(
+        '0',
+        precision.saturating_sub(EXACT_DIGITS),
+    ));
     format!("{}{body}", spec.sign(f.is_sign_negative()))
 }
 

@@ -69,3 +69,32 @@ fn printf_refuses_widths_and_precisions_past_a_million_as_go_does() {
     assert_eq!(printf("%5."), "%!.(int=    7)");
     assert_eq!(printf("%-4z|"), "%!z(int=7   )|");
 }
+
+#[test]
+fn printf_takes_precisions_past_what_rust_formats_as_go_does() {
+    let printf = |f: &str, v: f64| {
+        let mut out = Vec::new();
+        crate::fmt::sprintf(f.as_bytes(), &[Value::Float(v)], &mut out);
+        String::from_utf8(out).expect("utf-8")
+    };
+    let f = printf("%.288888f", 0.1);
+    assert_eq!(f.len(), 2 + 288_888);
+    assert!(
+        f.starts_with("0.1000000000000000055511151231257827"),
+        "{}",
+        &f[..40]
+    );
+    assert!(f.ends_with("000"));
+    let e = printf("%.70000e", 1.5);
+    assert_eq!(e.len(), "1.".len() + 70_000 + "e+00".len());
+    assert!(
+        e.starts_with("1.5000") && e.ends_with("0e+00"),
+        "{}",
+        &e[e.len() - 10..]
+    );
+    // As Go prints them.
+    assert_eq!(
+        printf("%.70000g", 0.1),
+        "0.1000000000000000055511151231257827021181583404541015625"
+    );
+}
