@@ -222,44 +222,9 @@ async fn serve_app_connection(stream: TcpStream) {
         .await;
 }
 
-/// `/ws`: switches to a WebSocket echoing every message (on whichever
-/// connection the request came, new or reused).
-fn websocket_echo(mut req: Request<Incoming>) -> Response<TestBody> {
-    let Some(key) = req.headers().get("sec-websocket-key") else {
-        let mut res = Response::new(empty());
-        *res.status_mut() = StatusCode::BAD_REQUEST;
-        return res;
-    };
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    let upgrade = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        let Ok(upgraded) = upgrade.await else {
-            return;
-        };
-        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-            TokioIo::new(upgraded),
-            tokio_tungstenite::tungstenite::protocol::Role::Server,
-            None,
-        )
-        .await;
-        while let Some(Ok(msg)) = ws.next().await {
-            if msg.is_close() || ws.send(msg).await.is_err() {
-                break;
-            }
-        }
-    });
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header("connection", "Upgrade")
-        .header("upgrade", "websocket")
-        .header("sec-websocket-accept", accept)
-        .body(empty())
-        .unwrap()
-}
-
 async fn answer(req: Request<Incoming>) -> Response<TestBody> {
     match req.uri().path() {
-        "/ws" => websocket_echo(req),
+        "/ws" => websocket_echo_upgrade(req),
         "/echo" => Response::new(req.into_body().map_err(Into::into).boxed()),
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(200)).await;

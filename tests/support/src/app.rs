@@ -258,6 +258,42 @@ pub async fn websocket_echo_app() -> u16 {
     .await
 }
 
+/// A hyper app's answer to a WebSocket request: `101`, then an echo of
+/// every message until the client closes, on whichever connection the
+/// request came (new or reused); `400` without `Sec-WebSocket-Key`.
+pub fn websocket_echo_upgrade(req: Request<Incoming>) -> Response<TestBody> {
+    let Some(key) = req.headers().get("sec-websocket-key") else {
+        let mut res = Response::new(crate::empty());
+        *res.status_mut() = StatusCode::BAD_REQUEST;
+        return res;
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let on_upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_close() || ws.send(msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-accept", accept)
+        .body(crate::empty())
+        .unwrap()
+}
+
 /// An app that upgrades `/ws` to an echoing WebSocket and cuts every other
 /// response short: its head promises 100 bytes, 5 come, then the
 /// connection closes.

@@ -4,14 +4,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use futures_util::{SinkExt, StreamExt};
 use http::{Response, StatusCode};
 use qproxy_test_support::*;
 use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
 
 /// An app that holds every request until the test releases it, counting how
 /// many are inside at once. `/probe` answers at once.
@@ -198,31 +195,7 @@ async fn websocket_app() -> App {
         if req.uri().path() != "/ws" {
             return Response::new(full("plain"));
         }
-        let key = req.headers()["sec-websocket-key"].as_bytes().to_vec();
-        let on_upgrade = hyper::upgrade::on(req);
-        tokio::spawn(async move {
-            let Ok(upgraded) = on_upgrade.await else {
-                return;
-            };
-            let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-                hyper_util::rt::TokioIo::new(upgraded),
-                Role::Server,
-                None,
-            )
-            .await;
-            while let Some(Ok(msg)) = ws.next().await {
-                if msg.is_close() || ws.send(msg).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Response::builder()
-            .status(StatusCode::SWITCHING_PROTOCOLS)
-            .header("connection", "upgrade")
-            .header("upgrade", "websocket")
-            .header("sec-websocket-accept", derive_accept_key(&key))
-            .body(empty())
-            .unwrap()
+        websocket_echo_upgrade(req)
     })
     .await
 }
