@@ -91,7 +91,12 @@ func main() {
 	differencesDoc := flag.String("differences", "", "write the known differences as Markdown to this file, and exit")
 	report := flag.String("report", "../../target/conformance/report.md", "where to write the report")
 	only := flag.String("only", "", "run the scenarios whose name contains this")
+	isolate := flag.Bool("isolate", true, "play each run in a network namespace of its own, a scenario's runs at once (needs root; without it, one run at a time)")
+	child := flag.String(childFlag, "", "(internal: one run, in the namespace the runner made for it)")
 	flag.Parse()
+	if *child != "" {
+		os.Exit(runChild(*child))
+	}
 
 	differences, err := LoadDifferences(*expectedFile)
 	if err != nil {
@@ -138,8 +143,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(2)
 	}
-	logs := filepath.Join(filepath.Dir(*report), "logs")
+	logs, _ := filepath.Abs(filepath.Join(filepath.Dir(*report), "logs"))
 	os.MkdirAll(logs, 0o755)
+	scenarioDir, _ := filepath.Abs(*dir)
+	if *isolate && !canIsolate() {
+		fmt.Fprintln(os.Stderr, "conformance: no network namespaces (not root?): one run at a time, on this machine's loopback")
+		*isolate = false
+	}
+	bin, _ := filepath.Abs(*qproxyBin)
+	for i := range generations {
+		generations[i].Oracle, _ = filepath.Abs(generations[i].Oracle)
+	}
 
 	// What each scenario showed in each generation, for the summary.
 	summary := map[string]map[string]string{}
@@ -152,7 +166,33 @@ func main() {
 			continue
 		}
 		summary[sc.Name] = map[string]string{}
-		for _, g := range generations {
+		start := time.Now()
+		// Each generation's two runs: isolated, all of them at once.
+		obs := make([][2]*Observation, len(generations))
+		var wg sync.WaitGroup
+		for gi, g := range generations {
+			if !sc.In(g.Name) {
+				continue
+			}
+			for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", bin}} {
+				run := func() {
+					if *isolate {
+						obs[gi][i] = playIsolated(sc, g.Name, p, logs, scenarioDir)
+					} else {
+						obs[gi][i] = play(sc, g.Name, p, logs)
+					}
+					dump(obs[gi][i], filepath.Join(logs, sc.Name+"."+g.Name+"."+p.name+".fields"))
+				}
+				if !*isolate {
+					run()
+					continue
+				}
+				wg.Add(1)
+				go func() { defer wg.Done(); run() }()
+			}
+		}
+		wg.Wait()
+		for gi, g := range generations {
 			if !sc.In(g.Name) {
 				summary[sc.Name][g.Name] = "(not in this generation)"
 				continue
@@ -161,13 +201,7 @@ func main() {
 				totals[g.Name] = map[string]int{}
 			}
 			ran[g.Name]++
-			start := time.Now()
-			var obs [2]*Observation
-			for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", *qproxyBin}} {
-				obs[i] = play(sc, g.Name, p, logs)
-				dump(obs[i], filepath.Join(logs, sc.Name+"."+g.Name+"."+p.name+".fields"))
-			}
-			rows := compare(sc.Name, g.Name, obs[0], obs[1], expected)
+			rows := compare(sc.Name, g.Name, obs[gi][0], obs[gi][1], expected)
 			same, expectedDiffs, unexplainedHere := 0, 0, 0
 			for _, r := range rows {
 				switch r.verdict {
