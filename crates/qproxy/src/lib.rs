@@ -17,6 +17,7 @@
 //! - `readiness`: the user container's readiness probe;
 //! - `drain`: stopping without losing a request;
 //! - `proxy`: the reverse proxy to the user container;
+//! - `tls`: the TLS port's settings, certificate and its reloading;
 //! - `layers`: the main port's request layers, one concern each;
 //! - `stack`: those layers, assembled in Knative's order;
 //! - `admin`, `stats`, `profiling`: the small servers beside the main port;
@@ -42,6 +43,7 @@ mod readiness;
 pub mod server;
 mod stack;
 mod stats;
+mod tls;
 
 pub mod headers {
     //! Knative's per-request header rules, as plain functions over a
@@ -60,6 +62,7 @@ use std::future::Future;
 pub use config::{Config, ConfigError};
 pub use observe::ExportError;
 pub use server::{Addrs, BindError, Server};
+pub use tls::{CertError, TlsError};
 
 /// Sets up logging as `config` asks (Knative's zap JSON lines, at its
 /// level), and logs the warnings the configuration gave.
@@ -79,6 +82,9 @@ pub enum Error {
     /// A port could not be listened on.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// TLS could not be served as configured.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// An exporter could not be set up as configured.
     #[error(transparent)]
     Export(#[from] ExportError),

@@ -268,6 +268,9 @@ pub async fn otlp_grpc_tls(ca: &TestCa, client_auth: bool) -> OtlpCollector {
 }
 
 async fn start_grpc(tls: Option<tonic::transport::ServerTlsConfig>) -> OtlpCollector {
+    // tonic's TLS takes rustls's process default, which two providers
+    // linked in (ring, and aws-lc-rs for qproxy's TLS port) leave unset.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let collector = OtlpCollector {
         addr: listener.local_addr().unwrap(),

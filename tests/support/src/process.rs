@@ -86,6 +86,8 @@ pub struct QProxy {
     pub stats: SocketAddr,
     /// User metrics port, when served.
     pub metrics: Option<SocketAddr>,
+    /// TLS port, when `QPROXY_CERT_DIR` holds a certificate and key.
+    pub tls: Option<SocketAddr>,
 }
 
 /// The environment a default install of classic Knative (serving v0.42)
@@ -108,6 +110,7 @@ pub fn knative_env_of(generation: Generation, user_port: u16) -> Vec<(String, St
     let mut vars = qproxy::config::knative_defaults(generation, user_port);
     for name in [
         "QUEUE_SERVING_PORT",
+        "QUEUE_SERVING_TLS_PORT",
         "QPROXY_ADMIN_PORT",
         "QPROXY_STATS_PORT",
         "QPROXY_METRICS_PORT",
@@ -225,14 +228,24 @@ impl QProxy {
     pub fn start_command(command: Command, env: &[(String, String)]) -> Self {
         let mut qp = Self::spawn_command(command, env);
         let vars = qproxy::config::Vars::from_pairs(env.iter().map(|(k, v)| (k, v)));
-        let metrics_served =
-            qproxy::Config::from_vars(&vars).is_ok_and(|c| c.observability.prometheus_metrics());
+        let config = qproxy::Config::from_vars(&vars).ok();
+        let metrics_served = config
+            .as_ref()
+            .is_some_and(|c| c.observability.prometheus_metrics());
+        let tls_served = config.as_ref().is_some_and(|c| {
+            env.iter().any(|(k, _)| k == "QPROXY_CERT_DIR")
+                && c.cert_dir.join("tls.crt").exists()
+                && c.cert_dir.join("tls.key").exists()
+        });
         qp.main = qp.listening("main");
         qp.dual_stack = qp.bound("main").is_ipv6();
         qp.admin = qp.listening("admin");
         qp.stats = qp.listening("stats");
         if metrics_served {
             qp.metrics = Some(qp.listening("metrics"));
+        }
+        if tls_served {
+            qp.tls = Some(qp.listening("tls"));
         }
         qp
     }
@@ -263,6 +276,7 @@ impl QProxy {
             admin: unspecified(),
             stats: unspecified(),
             metrics: None,
+            tls: None,
         }
     }
 

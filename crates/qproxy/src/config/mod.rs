@@ -23,6 +23,7 @@ mod tls;
 mod vars;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use logging::{Level, LevelStyle, LogOutput, Logging, Sampling, TimeStyle};
@@ -35,6 +36,13 @@ pub use otel::{OtelEnv, TlsFiles};
 pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
 pub use tls::{Tls, TlsVersion};
 pub use vars::Vars;
+
+/// Where Knative mounts the queue-proxy's TLS certificate and key
+/// (`queue.CertDirectory`).
+pub const KNATIVE_CERT_DIR: &str = "/var/lib/knative/certs";
+/// qproxy's own: another directory for the certificate and key, for
+/// running outside a pod (Knative sets none).
+const CERT_DIR: &str = "QPROXY_CERT_DIR";
 
 /// Why the environment was rejected. Each names the variable at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -228,6 +236,10 @@ pub struct Config {
     /// TLS listener settings, or why they are invalid: like Knative, qproxy
     /// fails on them only when it serves TLS.
     pub tls: Result<Tls, ConfigError>,
+    /// Where the TLS certificate (`tls.crt`) and key (`tls.key`) are
+    /// mounted: Knative's `/var/lib/knative/certs`, or `QPROXY_CERT_DIR`.
+    /// TLS is served when both files exist at start.
+    pub cert_dir: PathBuf,
     /// `HOST_IP`: the node's address.
     pub host_ip: Option<String>,
     /// `SYSTEM_NAMESPACE`: Knative's own namespace.
@@ -298,7 +310,10 @@ impl Config {
         };
         let logging = Logging::from_vars(vars, &mut warnings)?;
         let observability = observability::from_vars(vars, &mut warnings)?;
-        let tls = Tls::from_vars(vars);
+        let tls = Tls::from_vars(vars, observability.generation());
+        let cert_dir = vars
+            .non_empty(CERT_DIR)?
+            .map_or_else(|| PathBuf::from(KNATIVE_CERT_DIR), PathBuf::from);
         if let Err(e) = &tls {
             warnings.push(format!("{e}; TLS settings matter only when TLS is served"));
         }
@@ -313,6 +328,7 @@ impl Config {
             logging,
             observability,
             tls,
+            cert_dir,
             host_ip: vars.non_empty("HOST_IP")?.map(str::to_owned),
             system_namespace: vars.non_empty("SYSTEM_NAMESPACE")?.map(str::to_owned),
             root_ca: vars.non_empty("ROOT_CA")?.map(str::to_owned),
@@ -519,13 +535,20 @@ mod tests {
 
     #[test]
     fn bad_tls_settings_wait_until_tls_is_served() {
-        let mut vars = defaults();
+        let mut vars = knative_defaults(Generation::Current, 8080);
         vars.set("QUEUE_PROXY_TLS_MAX_VERSION", "2.0");
         let c = Config::from_vars(&vars).unwrap();
         let err = c.tls.unwrap_err();
         assert_eq!(err.variable(), "QUEUE_PROXY_TLS_MAX_VERSION");
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].starts_with(r#"QUEUE_PROXY_TLS_MAX_VERSION="2.0" is invalid"#));
+
+        // Classic Knative has no such variables: they are not read.
+        let mut vars = defaults();
+        vars.set("QUEUE_PROXY_TLS_MAX_VERSION", "2.0");
+        let c = Config::from_vars(&vars).unwrap();
+        assert_eq!(c.tls.unwrap(), Tls::classic());
+        assert!(c.warnings.is_empty());
     }
 
     #[test]

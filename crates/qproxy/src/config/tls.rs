@@ -1,13 +1,18 @@
-//! Settings of the TLS listener (`QUEUE_SERVING_TLS_PORT`), from the
-//! `QUEUE_PROXY_TLS_*` variables current Knative sets
-//! (knative.dev/pkg `network/tls.DefaultConfigFromEnv("QUEUE_PROXY_")`).
-//! Names are Go's: cipher suites as `crypto/tls.CipherSuiteName` spells
-//! them, curves as Go constant names or standard names. Empty means default.
-//! Knative reads these only when it serves TLS (its certificates are
-//! mounted), so a bad value is kept as an error for that moment rather than
-//! stopping a start that may never need it.
+//! Settings of the TLS listener (`QUEUE_SERVING_TLS_PORT`).
+//!
+//! Current Knative sets the `QUEUE_PROXY_TLS_*` variables (knative.dev/pkg
+//! `network/tls.DefaultConfigFromEnv("QUEUE_PROXY_")`, from
+//! `config-deployment`'s `queue-sidecar-tls-*`). Names are Go's: cipher
+//! suites as `crypto/tls.CipherSuiteName` spells them, curves as Go
+//! constant names or standard names. Empty means default. Knative reads
+//! these only when it serves TLS (its certificates are mounted), so a bad
+//! value is kept as an error for that moment rather than stopping a start
+//! that may never need it.
+//!
+//! Classic Knative has none of these: its queue-proxy serves TLS 1.3 only,
+//! with Go's default suites and curves, whatever the environment says.
 
-use super::{ConfigError, Vars};
+use super::{ConfigError, Generation, Vars};
 
 /// A TLS protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -62,7 +67,20 @@ const CURVES: &[&str] = &[
 ];
 
 impl Tls {
-    pub(crate) fn from_vars(vars: &Vars) -> Result<Self, ConfigError> {
+    /// Classic Knative's fixed settings: TLS 1.3 only, Go's defaults.
+    pub fn classic() -> Self {
+        Self {
+            min_version: TlsVersion::Tls13,
+            max_version: None,
+            cipher_suites: Vec::new(),
+            curve_preferences: Vec::new(),
+        }
+    }
+
+    pub(crate) fn from_vars(vars: &Vars, generation: Generation) -> Result<Self, ConfigError> {
+        if generation == Generation::Classic {
+            return Ok(Self::classic());
+        }
         Ok(Self {
             min_version: version(vars, "QUEUE_PROXY_TLS_MIN_VERSION")?.unwrap_or(TlsVersion::Tls13),
             max_version: version(vars, "QUEUE_PROXY_TLS_MAX_VERSION")?,
@@ -118,7 +136,22 @@ mod tests {
     use super::*;
 
     fn tls(pairs: &[(&str, &str)]) -> Result<Tls, ConfigError> {
-        Tls::from_vars(&Vars::from_pairs(pairs.iter().copied()))
+        Tls::from_vars(
+            &Vars::from_pairs(pairs.iter().copied()),
+            Generation::Current,
+        )
+    }
+
+    #[test]
+    fn classic_knative_has_fixed_settings() {
+        let vars = Vars::from_pairs([
+            ("QUEUE_PROXY_TLS_MIN_VERSION", "1.2"),
+            ("QUEUE_PROXY_TLS_CIPHER_SUITES", "nonsense"),
+        ]);
+        assert_eq!(
+            Tls::from_vars(&vars, Generation::Classic).unwrap(),
+            Tls::classic()
+        );
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Connections: how each accepted connection is set up and served.
 //!
-//! Each accepted connection gets `TCP_NODELAY` and keep-alive, then is
-//! served by hyper, which tells HTTP/1.1 from h2c (prior knowledge) by its
-//! first bytes on the main port; the small servers speak HTTP/1.1 only.
+//! Each accepted connection gets `TCP_NODELAY` and keep-alive, then, on a
+//! TLS port, its handshake (bounded as a request head is), then is served
+//! by hyper, which tells HTTP/1.1 from HTTP/2 by its first bytes on the
+//! main port and the TLS port (whatever ALPN said, as Knative's h2c
+//! wrapper does); the small servers speak HTTP/1.1 only, but for the
+//! admin port over TLS, which speaks HTTP/2 too, as Go's TLS servers do.
 //! Every port bounds the time a request head may take ([`super::head`]).
 
 use std::convert::Infallible;
@@ -21,6 +24,7 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tower::{Layer, Service, service_fn};
 
 use super::Listener;
@@ -67,7 +71,24 @@ pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// Serves connections accepted on `listener` until `stop` turns true.
+/// Connection settings for the admin port over TLS: HTTP/1.1, and HTTP/2
+/// when the client chose it.
+fn admin_tls_builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .header_read_timeout(HEAD_TIMEOUT)
+        .title_case_headers(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_header_list_size(MAX_HEADER_LIST_SIZE);
+    builder
+}
+
+/// Serves connections accepted on `listener` until `stop` turns true,
+/// over TLS when `tls` is given.
 ///
 /// `make` builds the service for each connection. Connections are tracked
 /// by `graceful`, whose shutdown (once every accept loop has returned and
@@ -75,6 +96,7 @@ pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
 pub(crate) async fn serve<M, S, B>(
     listener: Listener,
     builder: auto::Builder<TokioExecutor>,
+    tls: Option<TlsAcceptor>,
     make: M,
     graceful: Arc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
@@ -113,20 +135,38 @@ pub(crate) async fn serve<M, S, B>(
                 continue;
             }
         };
-        let clock = HeadClock::new(listener.head_timeout);
         tune(&stream);
         let conn = Conn {
             remote: SocketAddr::new(remote.ip().to_canonical(), remote.port()),
         };
         let service = TowerToHyperService::new(make(conn));
-        tokio::spawn(connection(
-            stream,
-            clock,
-            builder.clone(),
-            service,
-            graceful.watcher(),
-            conn,
-        ));
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let head_timeout = listener.head_timeout;
+        match &tls {
+            None => {
+                let clock = HeadClock::new(head_timeout);
+                tokio::spawn(connection(stream, clock, builder, service, watcher, conn));
+            }
+            Some(acceptor) => {
+                let handshake = acceptor.accept(stream);
+                tokio::spawn(async move {
+                    // Go gives the handshake the head's time, then the head
+                    // its own.
+                    match tokio::time::timeout(head_timeout, handshake).await {
+                        Ok(Ok(stream)) => {
+                            let clock = HeadClock::new(head_timeout);
+                            connection(stream, clock, builder, service, watcher, conn).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(client = %conn.remote, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(client = %conn.remote, "closed: no TLS handshake within a minute");
+                        }
+                    }
+                });
+            }
+        }
     }
     tracing::info!(server = listener.name, "Stopped accepting connections");
 }
@@ -170,17 +210,24 @@ pub(super) async fn connection<IO, S, B>(
 }
 
 /// Serves one of the small servers (admin, stats, metrics, profiling) on
-/// `listener`: every request answered by `endpoint`, behind Go's server
-/// rules.
+/// `listener`, over TLS when `tls` is given: every request answered by
+/// `endpoint`, behind Go's server rules.
 pub(crate) fn small_server<E: Endpoint>(
     listener: Listener,
     endpoint: E,
+    tls: Option<TlsAcceptor>,
     graceful: &Arc<GracefulShutdown>,
     stopped: &watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + Send + use<E> {
+    let builder = if tls.is_some() {
+        admin_tls_builder()
+    } else {
+        admin_builder()
+    };
     serve(
         listener,
-        admin_builder(),
+        builder,
+        tls,
         move |_| {
             let endpoint = endpoint.clone();
             ServerRulesLayer.layer(service_fn(move |req| {

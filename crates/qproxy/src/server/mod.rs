@@ -37,6 +37,7 @@ use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
 use crate::stack::{self, Shared};
 use crate::stats::{self, REPORTING_PERIOD, StatsEndpoint};
+use crate::tls::Tls;
 use conn::{main_builder, serve, small_server};
 
 /// A queue-proxy whose ports are bound, ready to serve.
@@ -48,6 +49,8 @@ pub struct Server {
     stats: Listener,
     metrics: Option<Listener>,
     profiling: Option<Listener>,
+    /// The TLS port, and its TLS, when the certificate is mounted.
+    tls: Option<(Listener, Tls)>,
 }
 
 /// The addresses a [`Server`] listens on.
@@ -63,12 +66,16 @@ pub struct Addrs {
     pub metrics: Option<SocketAddr>,
     /// Profiling port, when profiling is on.
     pub profiling: Option<SocketAddr>,
+    /// TLS port, when the certificate and key are mounted.
+    pub tls: Option<SocketAddr>,
 }
 
 impl Server {
-    /// Binds every port the configuration asks for. Must be called within a
-    /// Tokio runtime.
-    pub fn bind(config: Config) -> Result<Self, BindError> {
+    /// Binds every port the configuration asks for, and loads the TLS
+    /// certificate when it is mounted. Must be called within a Tokio
+    /// runtime.
+    pub fn bind(config: Config) -> Result<Self, crate::Error> {
+        crate::tls::install_default_provider();
         let open_files = listener::raise_open_files_limit();
         tracing::debug!(?open_files, "open files limit");
         let ports = config.ports;
@@ -90,6 +97,10 @@ impl Server {
             } else {
                 None
             },
+            tls: match Tls::from_config(&config)? {
+                Some(tls) => Some((Listener::bind("tls", ports.tls)?, tls)),
+                None => None,
+            },
             config: Arc::new(config),
         })
     }
@@ -102,6 +113,7 @@ impl Server {
             stats: self.stats.local_addr(),
             metrics: self.metrics.as_ref().map(Listener::local_addr),
             profiling: self.profiling.as_ref().map(Listener::local_addr),
+            tls: self.tls.as_ref().map(|(l, _)| l.local_addr()),
         }
     }
 
@@ -132,6 +144,7 @@ pub struct MainPort {
 impl MainPort {
     /// The main port of `config`. Must be called within a Tokio runtime.
     pub fn new(config: &Config) -> Result<Self, ExportError> {
+        crate::tls::install_default_provider();
         Ok(Self {
             shared: build(config)?.main,
             graceful: GracefulShutdown::new(),
@@ -256,28 +269,44 @@ fn spawn(server: Server, parts: Parts) -> Running {
     loops.extend(observers.spawn_upkeep());
 
     let mut servers = JoinSet::new();
+    let tls = server.tls.map(|(listener, tls)| {
+        loops.push(tokio::spawn(tls.watch()));
+        let main = main.clone();
+        servers.spawn(serve(
+            listener,
+            main_builder(),
+            Some(tls.acceptor.clone()),
+            move |conn| stack::main_service(&main, conn),
+            graceful.clone(),
+            stopped.clone(),
+        ));
+        tls
+    });
     servers.spawn(serve(
         server.main,
         main_builder(),
+        None,
         move |conn| stack::main_service(&main, conn),
         graceful.clone(),
         stopped.clone(),
     ));
     let (g, s) = (&graceful, &stopped);
-    servers.spawn(small_server(server.admin, admin, g, s));
+    // Classic Knative serves the admin port over TLS when it serves TLS.
+    let admin_tls = tls.filter(|t| t.admin).map(|t| t.acceptor);
+    servers.spawn(small_server(server.admin, admin, admin_tls, g, s));
     let stats = StatsEndpoint {
         reporter: reporter.clone(),
     };
-    servers.spawn(small_server(server.stats, stats, g, s));
+    servers.spawn(small_server(server.stats, stats, None, g, s));
     if let Some(listener) = server.metrics {
         let view = AutoscalerView::new(reporter.clone(), &config.revision);
         let endpoint = observers.metrics_endpoint(view);
-        servers.spawn(small_server(listener, endpoint, g, s));
+        servers.spawn(small_server(listener, endpoint, None, g, s));
     }
     if let Some(listener) = server.profiling {
         tracing::info!("Profiling enabled: true");
         profiling::prepare_temp_dir();
-        servers.spawn(small_server(listener, Profiling::default(), g, s));
+        servers.spawn(small_server(listener, Profiling::default(), None, g, s));
     }
     Running {
         servers,

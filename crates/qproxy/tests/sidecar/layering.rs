@@ -11,7 +11,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["common"],
     &["config"],
-    &["observe", "readiness", "drain", "proxy"],
+    &["observe", "readiness", "drain", "proxy", "tls"],
     &["layers"],
     &["stack"],
     &["admin", "stats", "profiling"],

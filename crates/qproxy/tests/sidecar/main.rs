@@ -29,4 +29,5 @@ mod readiness;
 mod request_log;
 mod stats;
 mod timeouts;
+mod tls;
 mod traces;
