@@ -53,21 +53,14 @@ pub(crate) fn main_builder() -> auto::Builder<TokioExecutor> {
         .title_case_headers(true)
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADER_FIELDS);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .max_header_list_size(MAX_HEADER_LIST_SIZE);
+    go_http2(&mut builder);
     builder
 }
 
 /// Connection settings for the admin, stats and metrics ports: HTTP/1.1.
 pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder
-        .http1()
-        .header_read_timeout(HEAD_TIMEOUT)
-        .title_case_headers(true);
+    admin_http1(&mut builder);
     builder
 }
 
@@ -75,16 +68,26 @@ pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
 /// when the client chose it.
 fn admin_tls_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    admin_http1(&mut builder);
+    go_http2(&mut builder);
+    builder
+}
+
+/// The small servers' HTTP/1.1: Go's head timeout and header case.
+fn admin_http1(builder: &mut auto::Builder<TokioExecutor>) {
     builder
         .http1()
         .header_read_timeout(HEAD_TIMEOUT)
         .title_case_headers(true);
+}
+
+/// HTTP/2 as Go's server has it: its stream and header-list limits.
+fn go_http2(builder: &mut auto::Builder<TokioExecutor>) {
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .max_header_list_size(MAX_HEADER_LIST_SIZE);
-    builder
 }
 
 /// Serves connections accepted on `listener` until `stop` turns true,

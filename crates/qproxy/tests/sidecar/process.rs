@@ -112,6 +112,15 @@ async fn logs_go_where_the_zap_config_says() {
     assert_eq!(logs[0]["severity"], "info");
 }
 
+/// Stops `qp` and returns the messages it logged as warnings.
+fn warnings_logged(qp: &mut QProxy) -> Vec<String> {
+    qp.stop_and_collect_logs()
+        .iter()
+        .filter(|l| l["severity"] == "WARNING")
+        .map(|l| l["message"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn settings_not_honoured_are_logged_as_warnings() {
     let app = App::hello().await;
@@ -125,12 +134,7 @@ async fn settings_not_honoured_are_logged_as_warnings() {
             ("QUEUE_PROXY_TLS_MIN_VERSION", "1.0"),
         ],
     );
-    let warnings: Vec<String> = qp
-        .stop_and_collect_logs()
-        .iter()
-        .filter(|l| l["severity"] == "WARNING")
-        .map(|l| l["message"].as_str().unwrap().to_owned())
-        .collect();
+    let warnings = warnings_logged(&mut qp);
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert!(warnings[0].starts_with("SERVING_REQUEST_METRICS_BACKEND=\"stackdriver\""));
 
@@ -140,12 +144,7 @@ async fn settings_not_honoured_are_logged_as_warnings() {
         &[("QUEUE_PROXY_TLS_MIN_VERSION", "1.0")],
     );
     let mut qp = QProxy::start_env(&env);
-    let warnings: Vec<String> = qp
-        .stop_and_collect_logs()
-        .iter()
-        .filter(|l| l["severity"] == "WARNING")
-        .map(|l| l["message"].as_str().unwrap().to_owned())
-        .collect();
+    let warnings = warnings_logged(&mut qp);
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert!(warnings[0].starts_with("QUEUE_PROXY_TLS_MIN_VERSION=\"1.0\" is invalid"));
 }
