@@ -151,27 +151,43 @@ pub(crate) async fn serve<M, S, B>(
                 tokio::spawn(connection(stream, clock, builder, service, watcher, conn));
             }
             Some(acceptor) => {
-                let handshake = acceptor.accept(stream);
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    // Go gives the handshake the head's time, then the head
-                    // its own.
-                    match tokio::time::timeout(head_timeout, handshake).await {
-                        Ok(Ok(stream)) => {
-                            let clock = HeadClock::new(head_timeout);
-                            connection(stream, clock, builder, service, watcher, conn).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(client = %conn.remote, error = %e, "TLS handshake failed");
-                        }
-                        Err(_) => {
-                            tracing::debug!(client = %conn.remote, "closed: no TLS handshake within a minute");
-                        }
+                    let tls = handshake(stream, &acceptor, head_timeout, conn).await;
+                    if let Some((stream, clock)) = tls {
+                        connection(stream, clock, builder, service, watcher, conn).await;
                     }
                 });
             }
         }
     }
     tracing::info!(server = listener.name, "Stopped accepting connections");
+}
+
+/// The TLS handshake of a connection just accepted: it has `limit`, a
+/// head's time, as with Go's server (whose `tlsHandshakeTimeout` is its
+/// `ReadHeaderTimeout`), and the first request head then has a clock of
+/// its own. `None` when the handshake fails or does not finish in time.
+pub(super) async fn handshake<IO>(
+    io: IO,
+    acceptor: &TlsAcceptor,
+    limit: Duration,
+    conn: Conn,
+) -> Option<(tokio_rustls::server::TlsStream<IO>, Arc<HeadClock>)>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(limit, acceptor.accept(io)).await {
+        Ok(Ok(stream)) => Some((stream, HeadClock::new(limit))),
+        Ok(Err(e)) => {
+            tracing::debug!(client = %conn.remote, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(client = %conn.remote, ?limit, "closed: no TLS handshake in time");
+            None
+        }
+    }
 }
 
 /// Serves one accepted connection, accepted when `clock` was made, until
@@ -306,6 +322,29 @@ mod tests {
         (client, graceful)
     }
 
+    /// As [`connect`], on a TLS port with a test CA's server pair; and a
+    /// client configuration that trusts the CA.
+    fn connect_tls() -> (DuplexStream, GracefulShutdown, Arc<rustls::ClientConfig>) {
+        let ca = qproxy_test_support::tls::TestCa::new("conn");
+        let acceptor = TlsAcceptor::from(ca.server_config(false));
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let graceful = GracefulShutdown::new();
+        let service = TowerToHyperService::new(service_fn(|_: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+        }));
+        let conn = Conn {
+            remote: SocketAddr::from(([127, 0, 0, 1], 1)),
+        };
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            if let Some((io, clock)) = handshake(server, &acceptor, HEAD_TIMEOUT, conn).await {
+                connection(io, clock, main_builder(), service, watcher, conn).await;
+            }
+        });
+        let config = ca.client_config(&[b"http/1.1"], &[&rustls::version::TLS13]);
+        (client, graceful, config)
+    }
+
     /// Reads (and drops) whatever comes until the server closes the
     /// stream, and says when that was; gives up after two hours.
     async fn closed_at(client: &mut DuplexStream) -> Instant {
@@ -438,5 +477,37 @@ mod tests {
         assert_eq!(steps, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         b.reset();
         assert_eq!(b.next(), Duration::from_millis(5));
+    }
+    #[tokio::test(start_paused = true)]
+    async fn a_tls_handshake_not_finished_is_closed_a_minute_after_accept() {
+        // Nothing at all; a TLS record header promising a ClientHello.
+        for sent in [&b""[..], &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01][..]] {
+            let start = Instant::now();
+            let (mut client, _graceful, _) = connect_tls();
+            client.write_all(sent).await.unwrap();
+            assert_eq!(closed_at(&mut client).await - start, HEAD_TIMEOUT);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_after_a_slow_tls_handshake_has_a_minute_of_its_own() {
+        let (client, _graceful, config) = connect_tls();
+        let almost = HEAD_TIMEOUT - Duration::from_secs(5);
+        sleep(almost).await;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, client)
+            .await
+            .unwrap();
+        sleep(almost).await;
+        tls.write_all(GET).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0; 1024];
+        while !got.ends_with(b"\r\n\r\n") {
+            let n = tls.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "closed before answering");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"), "{got:?}");
     }
 }

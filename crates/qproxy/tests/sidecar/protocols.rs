@@ -361,10 +361,19 @@ async fn trailers_pass() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_with_trailers_over_h2c() {
-    use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
+    let port = grpc_health_app().await;
+    let qp = QProxy::start(port, &[]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", qp.main))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    check_grpc_health(channel).await;
+}
 
+/// A gRPC app on loopback serving the standard health service, where
+/// `hello.Greeter` is serving; its port.
+pub(crate) async fn grpc_health_app() -> u16 {
     let (reporter, service) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("hello.Greeter", tonic_health::ServingStatus::Serving)
@@ -376,13 +385,18 @@ async fn grpc_with_trailers_over_h2c() {
             .add_service(service)
             .serve_with_incoming(tokio_stream_of(listener)),
     );
-    let qp = QProxy::start(port, &[]);
+    port
+}
 
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", qp.main))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+/// Asks the app of [`grpc_health_app`] through `channel`: a unary call
+/// answered with a message and trailers, and one answered with an error
+/// status (tonic sends it as a trailers-only response); trailers proper
+/// are checked in `trailers_pass`.
+pub(crate) async fn check_grpc_health(channel: tonic::transport::Channel) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
     let mut client = HealthClient::new(channel);
     let res = within(
         "gRPC Check",
@@ -394,8 +408,6 @@ async fn grpc_with_trailers_over_h2c() {
     .unwrap();
     assert_eq!(res.into_inner().status(), ServingStatus::Serving);
 
-    // An error status too (tonic sends it as a trailers-only response);
-    // trailers proper are checked in `trailers_pass`.
     let err = within(
         "gRPC Check of an unknown service",
         client.check(HealthCheckRequest {

@@ -1,8 +1,9 @@
 //! The TLS port (`QUEUE_SERVING_TLS_PORT`) with a certificate mounted as
 //! Knative mounts it: HTTP/1.1 and HTTP/2 by ALPN and HTTP/2 without it
-//! (as the activator speaks), rotation through the kubelet's symlink swap
-//! under load, a broken pair kept out, each generation's versions and
-//! admin port, start-up errors naming the variable, and the drain.
+//! (as the activator speaks), gRPC, rotation through the kubelet's
+//! symlink swap under load, a broken pair kept out, each generation's
+//! versions and admin port, start-up errors naming the variable, and the
+//! drain.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -101,6 +102,23 @@ async fn http1_and_http2_over_tls_as_alpn_chooses_and_http2_without_alpn() {
     // The main port stays plain.
     let plain = raw_exchange(s.qp.main, b"GET /e HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert!(plain.starts_with("HTTP/1.1 200 OK"), "{plain}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_over_tls_end_to_end() {
+    let port = crate::protocols::grpc_health_app().await;
+    let s = Setup::start("grpc", knative_env(port), &[]);
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&s.ca.ca_pem))
+        .domain_name(KNATIVE_SERVER_NAME);
+    let channel = tonic::transport::Channel::from_shared(format!("https://{}", s.tls()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    crate::protocols::check_grpc_health(channel).await;
 }
 
 #[tokio::test]
