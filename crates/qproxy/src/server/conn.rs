@@ -29,6 +29,7 @@ use tower::{Layer, Service, service_fn};
 
 use super::Listener;
 use super::head::{HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head};
+use super::rewind::Rewind;
 use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use crate::layers::server_rules::ServerRulesLayer;
 
@@ -153,9 +154,13 @@ pub(crate) async fn serve<M, S, B>(
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let tls = handshake(stream, &acceptor, head_timeout, conn).await;
-                    if let Some((stream, clock)) = tls {
-                        connection(stream, clock, builder, service, watcher, conn).await;
+                    if let Some(tls) = handshake(stream, &acceptor, head_timeout, conn).await {
+                        let builder = if tls.h2 {
+                            builder.http2_only()
+                        } else {
+                            builder
+                        };
+                        connection(tls.stream, tls.clock, builder, service, watcher, conn).await;
                     }
                 });
             }
@@ -164,21 +169,72 @@ pub(crate) async fn serve<M, S, B>(
     tracing::info!(server = listener.name, "Stopped accepting connections");
 }
 
+/// A TLS record header's length: the first bytes of a TLS port read
+/// before the handshake, to tell plain HTTP from TLS.
+const RECORD_HEADER: usize = 5;
+/// The first read on a TLS port, as Go's (a record header and 512 bytes
+/// more): what comes with a plain HTTP request is read before the
+/// connection is closed, so that it closes cleanly.
+const FIRST_READ: usize = RECORD_HEADER + 512;
+
+/// What Go's server writes, then closes, when a TLS port's first bytes
+/// are those of an HTTP request.
+const HTTP_ON_TLS: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+/// Whether a connection's first five bytes, read as a TLS record header,
+/// are those of a request with one of the common methods (Go's
+/// `tlsRecordHeaderLooksLikeHTTP`).
+fn looks_like_http(first: &[u8]) -> bool {
+    matches!(first, b"GET /" | b"HEAD " | b"POST " | b"PUT /" | b"OPTIO")
+}
+
+/// A TLS connection that [`handshake`] completed.
+pub(super) struct Handshaken<IO> {
+    pub(super) stream: tokio_rustls::server::TlsStream<Rewind<IO>>,
+    /// The first request head's clock, started at the handshake's end.
+    pub(super) clock: Arc<HeadClock>,
+    /// ALPN chose HTTP/2: the connection speaks nothing else, as with
+    /// Go's server.
+    pub(super) h2: bool,
+}
+
 /// The TLS handshake of a connection just accepted: it has `limit`, a
 /// head's time, as with Go's server (whose `tlsHandshakeTimeout` is its
 /// `ReadHeaderTimeout`), and the first request head then has a clock of
-/// its own. `None` when the handshake fails or does not finish in time.
+/// its own. A client that speaks plain HTTP gets Go's `400`. `None` when
+/// the handshake fails or does not finish in time.
 pub(super) async fn handshake<IO>(
-    io: IO,
+    mut io: IO,
     acceptor: &TlsAcceptor,
     limit: Duration,
     conn: Conn,
-) -> Option<(tokio_rustls::server::TlsStream<IO>, Arc<HeadClock>)>
+) -> Option<Handshaken<IO>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(limit, acceptor.accept(io)).await {
-        Ok(Ok(stream)) => Some((stream, HeadClock::new(limit))),
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let handshake = async {
+        // What Go's first read would take: at least a record header.
+        let mut first = bytes::BytesMut::with_capacity(FIRST_READ);
+        while first.len() < RECORD_HEADER {
+            if io.read_buf(&mut first).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        if looks_like_http(&first[..RECORD_HEADER]) {
+            io.write_all(HTTP_ON_TLS).await?;
+            return Err(std::io::Error::other("an HTTP request on a TLS port"));
+        }
+        acceptor.accept(Rewind::new(io, first.freeze())).await
+    };
+    match tokio::time::timeout(limit, handshake).await {
+        Ok(Ok(stream)) => {
+            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            let clock = HeadClock::new(limit);
+            Some(Handshaken { stream, clock, h2 })
+        }
         Ok(Err(e)) => {
             tracing::debug!(client = %conn.remote, error = %e, "TLS handshake failed");
             None
@@ -215,8 +271,16 @@ pub(super) async fn connection<IO, S, B>(
             return;
         };
         let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
-        let served = builder.serve_connection_with_upgrades(io, service);
-        if let Err(e) = watcher.watch(served).await {
+        // hyper-util ignores `http2_only` when serving upgrades, which
+        // HTTP/2 does not have.
+        let served = if builder.is_http1_available() {
+            watcher
+                .watch(builder.serve_connection_with_upgrades(io, service))
+                .await
+        } else {
+            watcher.watch(builder.serve_connection(io, service)).await
+        };
+        if let Err(e) = served {
             tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
         }
     };
@@ -337,8 +401,16 @@ mod tests {
         };
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Some((io, clock)) = handshake(server, &acceptor, HEAD_TIMEOUT, conn).await {
-                connection(io, clock, main_builder(), service, watcher, conn).await;
+            if let Some(tls) = handshake(server, &acceptor, HEAD_TIMEOUT, conn).await {
+                connection(
+                    tls.stream,
+                    tls.clock,
+                    main_builder(),
+                    service,
+                    watcher,
+                    conn,
+                )
+                .await;
             }
         });
         let config = ca.client_config(&[b"http/1.1"], &[&rustls::version::TLS13]);
@@ -509,5 +581,14 @@ mod tests {
             got.extend_from_slice(&buf[..n]);
         }
         assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn plain_http_on_a_tls_port_gets_go_s_400() {
+        let (mut client, _graceful, _) = connect_tls();
+        client.write_all(GET).await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, HTTP_ON_TLS);
     }
 }

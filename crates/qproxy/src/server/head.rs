@@ -92,6 +92,16 @@ fn first_head_read(buf: &[u8]) -> bool {
     buf.len() >= READ_AHEAD_MAX
         || buf.windows(2).any(|w| w == b"\n\n")
         || buf.windows(3).any(|w| w == b"\n\r\n")
+        // A first line that cannot begin a request (the TLS handshake of a
+        // client that took a plain port for a TLS one) is refused, as Go
+        // refuses it, once the line ends.
+        || (buf.first().is_some_and(|b| !begins_request(*b)) && buf.contains(&b'\n'))
+}
+
+/// Whether a request may begin with `b`: a method's first character (a
+/// token character), or the empty lines a client may send before it.
+fn begins_request(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~\r\n".contains(&b)
 }
 
 /// One connection's request-head clock, shared by its I/O ([`Watched`]),
@@ -373,5 +383,26 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_head_is_read_to_its_end() {
+        assert!(!first_head_read(b"GET / HTTP/1.1\r\nHost: a\r\n"));
+        assert!(first_head_read(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"));
+        assert!(first_head_read(b"GET / HTTP/1.1\nHost: a\n\n"));
+        assert!(!first_head_read(&H2_PREFACE[..20]));
+        assert!(first_head_read(H2_PREFACE));
+    }
+
+    #[test]
+    fn a_tls_client_hello_is_given_to_hyper_at_its_first_line_end() {
+        let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc];
+        assert!(!first_head_read(&hello));
+        assert!(first_head_read(&[&hello[..], b"\x0a\x99"].concat()));
     }
 }

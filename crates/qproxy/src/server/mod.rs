@@ -11,6 +11,7 @@
 mod conn;
 mod head;
 mod listener;
+mod rewind;
 
 use std::future::Future;
 use std::net::SocketAddr;

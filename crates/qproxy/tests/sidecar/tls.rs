@@ -104,6 +104,40 @@ async fn http1_and_http2_over_tls_as_alpn_chooses_and_http2_without_alpn() {
     assert!(plain.starts_with("HTTP/1.1 200 OK"), "{plain}");
 }
 
+#[tokio::test]
+async fn a_connection_alpn_made_http2_speaks_nothing_else() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let app = App::hello().await;
+    let s = Setup::start("h2-only", knative_env(app.port()), &[]);
+    let mut tls = tls_connect(s.tls(), s.client(H2_H1), KNATIVE_SERVER_NAME)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = within("the connection closed", tls.read_to_end(&mut got)).await;
+    assert!(
+        !got.starts_with(b"HTTP/1.1"),
+        "answered HTTP/1.1: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(app.seen().is_empty(), "the app saw the request");
+}
+
+#[tokio::test]
+async fn plain_http_on_the_tls_port_gets_go_s_400() {
+    let app = App::hello().await;
+    let s = Setup::start("plain", knative_env(app.port()), &[]);
+    let got = raw_exchange(s.tls(), b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(
+        got,
+        "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_over_tls_end_to_end() {
     let port = crate::protocols::grpc_health_app().await;
