@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-var ports = map[string]int{"": 8012, "main": 8012, "admin": 8022, "stats": 9090, "metrics": 9091}
+var ports = map[string]int{"": 8012, "main": 8012, "tls": 8112, "admin": 8022, "stats": 9090, "metrics": 9091}
 
 // Headers a client or app sees that differ run to run whoever answers:
 // recorded as present, not by value.
@@ -177,7 +177,7 @@ func doOnce(r *Request) exchange {
 	switch r.Proto {
 	case "", "h1":
 		return doH1(r)
-	case "h2c":
+	case "h2", "h2c":
 		return doH2(r)
 	case "raw":
 		return doRaw(r)
@@ -185,13 +185,33 @@ func doOnce(r *Request) exchange {
 	return exchange{"error": "unknown proto " + r.Proto}
 }
 
-// send opens a connection to port, with deadline for all of its I/O, and
+// errTLS is the error of a connection whose TLS handshake failed, which
+// the tls.* fields already describe.
+var errTLS = errors.New("TLS handshake failed")
+
+// dial opens a connection to r's port, over TLS when r asks for it.
+func dial(r *Request, e exchange) (net.Conn, error) {
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[r.Port]), 2*time.Second)
+	if err != nil || r.TLS == nil {
+		return conn, err
+	}
+	tc := handshake(conn, r.TLS, e)
+	if tc == nil {
+		conn.Close()
+		return nil, errTLS
+	}
+	return tc, nil
+}
+
+// send opens a connection for r, with deadline for all of its I/O, and
 // writes request on it. A connection that fails to open is nil, with the
 // failure in e.
-func send(port string, request []byte, deadline time.Duration, e exchange) net.Conn {
-	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", ports[port]), 2*time.Second)
+func send(r *Request, request []byte, deadline time.Duration, e exchange) net.Conn {
+	conn, err := dial(r, e)
 	if err != nil {
-		e["conn"] = errClass(err)
+		if err != errTLS {
+			e["conn"] = errClass(err)
+		}
 		return nil
 	}
 	conn.SetDeadline(time.Now().Add(deadline))
@@ -204,7 +224,7 @@ func send(port string, request []byte, deadline time.Duration, e exchange) net.C
 func doH1(r *Request) exchange {
 	e := exchange{}
 	start := time.Now()
-	conn := send(r.Port, rawRequest(r), 20*time.Second, e)
+	conn := send(r, rawRequest(r), 20*time.Second, e)
 	if conn == nil {
 		return e
 	}
@@ -255,7 +275,7 @@ func doRaw(r *Request) exchange {
 	start := time.Now()
 	// Lines of a raw request end in CRLF, as HTTP wants.
 	raw := expand(strings.ReplaceAll(r.Raw, "\n", "\r\n"))
-	conn := send(r.Port, []byte(raw), 3*time.Second, e)
+	conn := send(r, []byte(raw), 3*time.Second, e)
 	if conn == nil {
 		return e
 	}
@@ -302,9 +322,10 @@ func doH2(r *Request) exchange {
 	start := time.Now()
 	tr := &http2.Transport{
 		AllowHTTP: true,
+		// Prior knowledge: HTTP/2 whatever ALPN chose, as the activator
+		// speaks it to a pod over TLS.
 		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
+			return dial(r, e)
 		},
 	}
 	defer tr.CloseIdleConnections()
@@ -315,7 +336,11 @@ func doH2(r *Request) exchange {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, fmt.Sprintf("http://127.0.0.1:%d%s", ports[r.Port], path), body)
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	req, err := http.NewRequestWithContext(ctx, method, fmt.Sprintf("%s://127.0.0.1:%d%s", scheme, ports[r.Port], path), body)
 	if err != nil {
 		e["request"] = err.Error()
 		return e
@@ -329,6 +354,9 @@ func doH2(r *Request) exchange {
 		req.Header.Add(h[0], h[1])
 	}
 	res, err := tr.RoundTrip(req)
+	if errors.Is(err, errTLS) {
+		return e
+	}
 	if err != nil {
 		e["response"] = errClass(err)
 		e["timing"] = timing(time.Since(start))

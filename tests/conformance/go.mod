@@ -1,6 +1,6 @@
 module qproxy.test/conformance
 
-go 1.22
+go 1.25
 
 require (
 	github.com/gorilla/websocket v1.5.0

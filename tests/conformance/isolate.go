@@ -1,6 +1,7 @@
 package main
 
-// Plays in network namespaces of their own. Both proxies listen on
+// Plays in network namespaces of their own (and, for a TLS scenario, mount
+// namespaces: tls.go). Both proxies listen on
 // Knative's fixed ports, so on one network two plays cannot overlap; each
 // in a namespace of its own (a child process of this runner, cloned with
 // CLONE_NEWNET, with only its loopback up), the plays of a scenario (two
@@ -30,6 +31,8 @@ type childPlay struct {
 	Bin      string `json:"bin"`
 	Logs     string `json:"logs"`
 	Dir      string `json:"dir"`
+	// Certs is where the runner wrote the pair a TLS scenario mounts.
+	Certs string `json:"certs"`
 }
 
 // childResult is what a child recorded, in order.
@@ -52,17 +55,22 @@ func canIsolate() bool {
 
 // playIsolated plays one scenario against one proxy in a child process in
 // a network namespace of its own, and returns what it recorded.
-func playIsolated(sc Scenario, gen string, p proxy, logs, dir string) *Observation {
+func playIsolated(sc Scenario, gen string, p proxy, logs, dir, certs string) *Observation {
 	obs := NewObservation()
 	self, err := os.Executable()
 	if err != nil {
 		obs.Set("setup", err.Error())
 		return obs
 	}
-	arg, _ := json.Marshal(childPlay{sc.Name, gen, p.name, p.bin, logs, dir})
+	arg, _ := json.Marshal(childPlay{sc.Name, gen, p.name, p.bin, logs, dir, certs})
 	cmd := exec.Command(self, "-"+childFlag, string(arg))
+	flags := uintptr(syscall.CLONE_NEWNET)
+	if sc.TLS {
+		// And a mount namespace, for the certificate (tls.go).
+		flags |= syscall.CLONE_NEWNS
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNET,
+		Cloneflags: flags,
 		// The namespace, and whatever the play left running in it, goes
 		// with the runner.
 		Pdeathsig: syscall.SIGKILL,
@@ -112,6 +120,12 @@ func runChild(arg string) int {
 	if sc == nil {
 		fmt.Fprintln(os.Stderr, "conformance: no scenario", c.Scenario)
 		return 2
+	}
+	if sc.TLS {
+		if err := mountCerts(c.Certs); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance: mounting the certificate:", err)
+			return 2
+		}
 	}
 	obs := play(*sc, c.Gen, proxy{c.Proxy, c.Bin}, c.Logs)
 	if err := json.NewEncoder(os.Stdout).Encode(childResult{obs.order, obs.fields}); err != nil {

@@ -18,8 +18,12 @@ type Scenario struct {
 	// Generations it is played in: classic, current, or (when empty) both.
 	Generations []string          `yaml:"generations"`
 	Env         map[string]string `yaml:"env"`
-	App         AppConfig         `yaml:"app"`
-	Steps       []Step            `yaml:"steps"`
+	// TLS mounts a certificate where Knative mounts it,
+	// /var/lib/knative/certs, for both proxies: each run in a mount
+	// namespace of its own (so only with isolated runs).
+	TLS   bool      `yaml:"tls"`
+	App   AppConfig `yaml:"app"`
+	Steps []Step    `yaml:"steps"`
 }
 
 // Step is one thing the runner does. Exactly one of its actions is set.
@@ -53,11 +57,15 @@ type Step struct {
 
 // Request is one HTTP exchange.
 type Request struct {
-	// Port: main (default), admin, stats or metrics.
+	// Port: main (default), tls, admin, stats or metrics.
 	Port string `yaml:"port"`
-	// Proto: h1 (default), h2c, or raw (Raw written as is; the answer read
-	// until the connection closes or 3 s pass).
-	Proto   string     `yaml:"proto"`
+	// Proto: h1 (default), h2 (prior knowledge; h2c without TLS), or raw
+	// (Raw written as is; the answer read until the connection closes or
+	// 3 s pass).
+	Proto string `yaml:"proto"`
+	// TLS speaks TLS on the connection, with a client that verifies the
+	// mounted certificate; the handshake's outcome is recorded as tls.*.
+	TLS     *TLSClient `yaml:"tls"`
 	Method  string     `yaml:"method"`
 	Path    string     `yaml:"path"`
 	Headers [][]string `yaml:"headers"`
@@ -69,6 +77,16 @@ type Request struct {
 	NoReuse bool `yaml:"no_reuse"`
 	// As names a started request for Await.
 	As string `yaml:"as"`
+}
+
+// TLSClient is what a TLS client offers.
+type TLSClient struct {
+	// ALPN protocols offered, in order (none when empty).
+	ALPN []string `yaml:"alpn"`
+	// Min and Max bound the versions offered: "1.2" or "1.3" (Go's
+	// client defaults when empty).
+	Min string `yaml:"min"`
+	Max string `yaml:"max"`
 }
 
 // In says whether the scenario is played in generation gen.
