@@ -6,7 +6,9 @@ loads, same run. See benches/README.md.
     benches/harness.py              # everything; writes benches/RESULTS.md
     benches/harness.py --smoke      # one short round of load 1, qproxy and direct
 
-Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, perf, taskset.
+Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, perf, taskset;
+for the TLS loads, openssl, and root with unshare for the Go queue-proxy
+(its certificate path is fixed: it gets a mount namespace of its own).
 """
 
 import argparse
@@ -19,6 +21,7 @@ import resource
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -52,6 +55,13 @@ def wait_for(what, cond, timeout=20.0):
 
 def get(port, path="/"):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return r.status, r.read()
+
+
+def get_tls(port, path="/"):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=5, context=ctx) as r:
         return r.status, r.read()
 
 
@@ -105,12 +115,37 @@ def build(args):
         go_qp = os.path.join(ROOT, "target", "oracle", "queue-v0.42.2")
         subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), "v0.42.2", go_qp], check=True)
         out["go-qp"] = go_qp
+    if any(n in args.loads for n in TLS_LOAD_NUMBERS):
+        out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
     for tool in ["wrk"] + (["h2load"] if 3 in args.loads else []) + (["nginx"] if "nginx" in args.contenders else []):
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
         if not path:
             sys.exit(f"harness: {tool} is not installed")
         out[tool] = path
     return out
+
+
+def make_certs(folder):
+    """A self-signed ECDSA P-256 pair for Knative's data-plane name, as
+    tls.crt and tls.key in `folder` (Knative's certificates are ECDSA
+    P-256 too); the folder's path."""
+    os.makedirs(folder, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", os.path.join(folder, "tls.key"), "-out", os.path.join(folder, "tls.crt"),
+                    "-days", "2", "-subj", "/CN=data-plane.knative.dev",
+                    "-addext", "subjectAltName=DNS:data-plane.knative.dev,DNS:kn-user-default"],
+                   check=True, capture_output=True)
+    return folder
+
+
+def with_knative_certs(certs, argv):
+    """`argv` in a mount namespace of its own where `certs` is mounted
+    where Knative mounts the queue-proxy's certificate, which Knative's Go
+    queue-proxy reads from that fixed path only (root; the process keeps
+    its PID, so its CPU is counted as before)."""
+    script = ("mount -t tmpfs tmpfs /var/lib && mkdir -p /var/lib/knative/certs && "
+              f"cp {certs}/tls.crt {certs}/tls.key /var/lib/knative/certs/ && exec \"$@\"")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"] + argv
 
 
 # ---------------------------------------------------------------- contenders
@@ -138,10 +173,10 @@ def knative_env(user_port, main_port, cc=0, metrics=True):
 class Contender:
     """One proxy (or none) in front of the app; started per measurement."""
 
-    def __init__(self, name, bins, variant, cc=0):
-        self.name, self.bins, self.variant, self.cc = name, bins, variant, cc
+    def __init__(self, name, bins, variant, cc=0, tls=False):
+        self.name, self.bins, self.variant, self.cc, self.tls = name, bins, variant, cc, tls
         self.procs, self.tmp = [], None
-        self.port = self.h2_port = None
+        self.port = self.h2_port = self.tls_port = None
 
     @property
     def proxy_cpu(self):
@@ -154,22 +189,31 @@ class Contender:
             return
         self.port = free_port()
         self.h2_port = self.port
+        self.tls_port = free_port() if self.tls else None
         if name.startswith("qproxy"):
             env = knative_env(app_port, self.port, self.cc, metrics=(name != "qproxy-nometrics"))
             env.update(QPROXY_ADMIN_PORT="0", QPROXY_STATS_PORT="0", QPROXY_METRICS_PORT="0",
                        QPROXY_DRAIN_QUIET_SECONDS="0")
+            if self.tls:
+                env.update(QUEUE_SERVING_TLS_PORT=str(self.tls_port), QPROXY_CERT_DIR=self.bins["certs"])
             argv = [self.bins["qproxy-base" if name == "qproxy-base" else "qproxy"]]
         elif name == "go-qp":
             env = knative_env(app_port, self.port, self.cc)
             if self.variant == "pinned":
                 env["GOMAXPROCS"] = "1"
             argv = [self.bins["go-qp"]]
+            if self.tls:
+                # Classic Knative serves its admin port over TLS then.
+                env["QUEUE_SERVING_TLS_PORT"] = str(self.tls_port)
+                argv = with_knative_certs(self.bins["certs"], argv)
         elif name == "nginx":
             self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-nginx-")
             self.h2_port = free_port()
             conf = os.path.join(self.tmp, "nginx.conf")
+            tls = NGINX_TLS.format(tls_port=self.tls_port, certs=self.bins["certs"]) if self.tls else ""
             with open(conf, "w") as f:
-                f.write(NGINX_CONF.format(tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port))
+                f.write(NGINX_CONF.format(tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port,
+                                          tls=tls))
             argv, env = [self.bins["nginx"], "-c", conf, "-p", self.tmp], dict(os.environ)
         else:
             raise ValueError(name)
@@ -177,6 +221,8 @@ class Contender:
                              start_new_session=True)
         self.procs.append(p)
         wait_for(f"{name} to serve", lambda: get(self.port)[0] == 200)
+        if self.tls:
+            wait_for(f"{name} to serve TLS", lambda: get_tls(self.tls_port)[0] == 200)
 
     def pids(self):
         if self.name == "direct":
@@ -224,7 +270,22 @@ http {{
         listen 127.0.0.1:{h2_port} http2;
         location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
     }}
+    {tls}
 }}
+"""
+
+# nginx's TLS server for the TLS loads: the same pair and TLS 1.3 only, as
+# the queue-proxy serves it by default.
+NGINX_TLS = """
+    server {{
+        listen 127.0.0.1:{tls_port} ssl;
+        ssl_certificate {certs}/tls.crt;
+        ssl_certificate_key {certs}/tls.key;
+        ssl_protocols TLSv1.3;
+        ssl_session_cache off;
+        ssl_session_tickets off;
+        location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
+    }}
 """
 
 # ---------------------------------------------------------------- loads
@@ -238,10 +299,11 @@ def parse_duration(s):
     return v * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
 
 
-def run_wrk(bins, port, path, conns, seconds, client_cpu):
+def run_wrk(bins, port, path, conns, seconds, client_cpu, scheme="http", headers=()):
+    extra = [a for h in headers for a in ("-H", h)]
     out = subprocess.run(
-        pin(client_cpu, [bins["wrk"], "-t1", f"-c{conns}", f"-d{seconds}s", "--latency",
-                         f"http://127.0.0.1:{port}{path}"]),
+        pin(client_cpu, [bins["wrk"], "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", *extra,
+                         f"{scheme}://127.0.0.1:{port}{path}"]),
         capture_output=True, text=True, check=True).stdout
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
@@ -317,6 +379,13 @@ def check_app_answers(port):
         raise RuntimeError(f"wrong answer through port {port}: {status} {body!r}")
 
 
+# Loads on the TLS port: HTTP/1.1 over TLS 1.3, kept alive, and one
+# request per connection (a full handshake each; no session resumption).
+TLS_KEEP_ALIVE = "9 TLS keep-alive c70"
+TLS_HANDSHAKES = "10 TLS handshake per request c70"
+TLS_LOAD_NUMBERS = (9, 10)
+
+
 def throughput_loads(args):
     """Loads 1 to 4: name, url path, how it is run."""
     d = args.seconds
@@ -330,6 +399,11 @@ def throughput_loads(args):
     if 4 in args.loads:
         loads["4 64KiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=65536", 10, d, cpu)
         loads["4 1MiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=1048576", 10, d, cpu)
+    if 9 in args.loads:
+        loads[TLS_KEEP_ALIVE] = lambda b, c: lambda cpu: run_wrk(b, c.tls_port, "/", 70, d, cpu, "https")
+    if 10 in args.loads:
+        loads[TLS_HANDSHAKES] = lambda b, c: lambda cpu: run_wrk(b, c.tls_port, "/", 70, d, cpu, "https",
+                                                                 ["Connection: close"])
     return loads
 
 
@@ -357,16 +431,24 @@ def run_throughput(args, bins):
         app, app_port = start_app(bins, variant)
         try:
             for load_name, make in throughput_loads(args).items():
+                tls = load_name in (TLS_KEEP_ALIVE, TLS_HANDSHAKES)
                 for rnd in range(args.rounds):
                     for name in args.contenders:
-                        c = Contender(name, bins, variant)
+                        if tls and name == "direct":
+                            continue  # the app speaks no TLS
+                        if tls and name == "go-qp" and os.geteuid() != 0:
+                            print("  go-qp skipped on the TLS loads: its certificate path needs a mount "
+                                  "namespace (root)", flush=True)
+                            continue
+                        c = Contender(name, bins, variant, tls=tls)
                         c.start(app_port)
                         try:
                             check_app_answers(c.port)
                             # Warm up, then measure.
                             warm = make(bins, c)
                             if not args.smoke:
-                                run_wrk(bins, c.port, "/", 10, 1, 1 if variant == "pinned" else None)
+                                port, scheme = (c.tls_port, "https") if tls else (c.port, "http")
+                                run_wrk(bins, port, "/", 10, 1, 1 if variant == "pinned" else None, scheme)
                             r = measured(c, bins, warm, args)
                         finally:
                             c.stop()
@@ -458,6 +540,8 @@ def report(args, throughput, concurrency, footprint):
         for load_name in throughput_loads(args):
             for name in args.contenders:
                 rounds = throughput.get((variant, load_name, name), [])
+                if not rounds and load_name in (TLS_KEEP_ALIVE, TLS_HANDSHAKES):
+                    continue  # direct, or the Go queue-proxy without root
                 failed = any(r["errors"] for r in rounds)
                 p50, p99 = med(rounds, "p50"), med(rounds, "p99")
                 lines.append(
@@ -523,7 +607,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx")
-    ap.add_argument("--loads", default="1,2,3,4,5,6")
+    ap.add_argument("--loads", default="1,2,3,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
     args = ap.parse_args()
     if args.smoke:

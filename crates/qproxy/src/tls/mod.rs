@@ -39,7 +39,11 @@ pub enum TlsError {
     Cert(#[from] CertError),
 }
 
-/// The cryptography qproxy's TLS is built on.
+/// The cryptography qproxy's TLS is built on: aws-lc-rs, the provider
+/// with `X25519MLKEM768`, the post-quantum group current Knative's Go
+/// queue-proxy settles on by default (and one with a FIPS-validated
+/// build). Measured against ring (`benches/RESULTS.md`): the same CPU per
+/// request and per handshake, 2.9 MB more binary.
 pub(crate) fn provider() -> CryptoProvider {
     rustls::crypto::aws_lc_rs::default_provider()
 }
