@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The side-by-side benchmark: qproxy against the app alone (direct),
-Knative's Go queue-proxy v0.42.2 and nginx, on loopback, same app, same
-loads, same run. See benches/README.md.
+Knative's Go queue-proxy v0.42.2, nginx and HAProxy, on loopback, same
+app, same loads, same run. See benches/README.md.
 
     benches/harness.py              # everything; writes benches/RESULTS.md
     benches/harness.py --smoke      # one short round of load 1, qproxy and direct
 
-Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, perf, taskset;
+Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, haproxy, perf, taskset;
 for the TLS loads, openssl, and root with unshare for the Go queue-proxy
 (its certificate path is fixed: it gets a mount namespace of its own).
 """
@@ -117,7 +117,8 @@ def build(args):
         out["go-qp"] = go_qp
     if any(n in args.loads for n in TLS_LOAD_NUMBERS):
         out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
-    for tool in ["wrk"] + (["h2load"] if 3 in args.loads else []) + (["nginx"] if "nginx" in args.contenders else []):
+    proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
+    for tool in ["wrk"] + (["h2load"] if 3 in args.loads else []) + proxies:
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
         if not path:
             sys.exit(f"harness: {tool} is not installed")
@@ -215,6 +216,22 @@ class Contender:
                 f.write(NGINX_CONF.format(tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port,
                                           tls=tls))
             argv, env = [self.bins["nginx"], "-c", conf, "-p", self.tmp], dict(os.environ)
+        elif name == "haproxy":
+            self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-haproxy-")
+            self.h2_port = free_port()
+            tls = ""
+            if self.tls:
+                # HAProxy takes the certificate and its key in one file.
+                pem = os.path.join(self.tmp, "tls.pem")
+                with open(pem, "w") as out:
+                    for part in ("tls.crt", "tls.key"):
+                        with open(os.path.join(self.bins["certs"], part)) as f:
+                            out.write(f.read())
+                tls = HAPROXY_TLS.format(tls_port=self.tls_port, pem=pem)
+            conf = os.path.join(self.tmp, "haproxy.cfg")
+            with open(conf, "w") as f:
+                f.write(HAPROXY_CONF.format(port=self.port, h2_port=self.h2_port, app=app_port, tls=tls))
+            argv, env = [self.bins["haproxy"], "-db", "-f", conf], dict(os.environ)
         else:
             raise ValueError(name)
         p = subprocess.Popen(pin(cpu, argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -286,6 +303,36 @@ NGINX_TLS = """
         ssl_session_tickets off;
         location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
     }}
+"""
+
+# HAProxy as the issue's method runs it: one thread, upstream connections
+# reused across clients (`http-reuse always`), logging off; a second
+# frontend for h2c and, for the TLS loads, one for TLS 1.3.
+HAPROXY_CONF = """
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    http-reuse always
+frontend plain
+    bind 127.0.0.1:{port}
+    default_backend app
+frontend h2c
+    bind 127.0.0.1:{h2_port} proto h2
+    default_backend app
+{tls}
+backend app
+    server app 127.0.0.1:{app}
+"""
+
+HAPROXY_TLS = """
+frontend tls
+    bind 127.0.0.1:{tls_port} ssl crt {pem} ssl-min-ver TLSv1.3 alpn http/1.1
+    default_backend app
 """
 
 # ---------------------------------------------------------------- loads
@@ -606,7 +653,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
-    ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx")
+    ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
     ap.add_argument("--loads", default="1,2,3,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
     args = ap.parse_args()
@@ -647,7 +694,7 @@ def main():
     header = (f"{datetime.date.today()}, {os.cpu_count()} vCPU {cpu}, Linux {platform.release()}. Command:\n\n"
               f"    {command.strip()}\n\n"
               f"{args.rounds} rounds alternating contenders, {args.seconds} s per load, medians; pinned: proxy on "
-              f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker); unpinned: "
+              f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker, HAProxy one thread); unpinned: "
               f"no affinity. `qproxy` runs with Knative's default request metrics (Prometheus) on, "
               f"`qproxy-nometrics` with them off. Picture: [load1.svg](load1.svg).\n\n")
     path = os.path.join(BENCHES, "RESULTS.md")
