@@ -39,9 +39,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+
+use super::rewind::Rewind;
 
 /// How long a request head may take to arrive: the `ReadHeaderTimeout` of
 /// one minute Knative gives the queue-proxy's servers
@@ -266,10 +268,10 @@ impl hyper::rt::Sleep for Never {}
 /// when an h2c client's preface and first frame are complete.
 #[derive(Debug)]
 pub(crate) struct Watched<IO> {
-    io: IO,
+    /// The connection, with the bytes read ahead ([`read_first_head`])
+    /// given to hyper first.
+    io: Rewind<IO>,
     clock: Arc<HeadClock>,
-    /// Bytes read ahead ([`read_first_head`]), given to hyper first.
-    ahead: Bytes,
     /// For an h2c connection, its first bytes, until the frame after the
     /// preface is complete.
     sniff: Option<Box<Sniff>>,
@@ -288,9 +290,8 @@ impl<IO> Watched<IO> {
     pub(crate) fn new(io: IO, clock: Arc<HeadClock>, ahead: Bytes) -> Self {
         let h2c = ahead.starts_with(H2_PREFACE);
         Self {
-            io,
+            io: Rewind::new(io, ahead),
             clock,
-            ahead,
             sniff: h2c.then(|| {
                 Box::new(Sniff {
                     first: [0; H2_SNIFF],
@@ -335,18 +336,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let polled = if self.ahead.is_empty() {
-            Pin::new(&mut self.io).poll_read(cx, buf)
-        } else {
-            let n = self.ahead.len().min(buf.remaining());
-            buf.put_slice(&self.ahead[..n]);
-            self.ahead.advance(n);
-            if self.ahead.is_empty() {
-                // Frees the read-ahead buffer.
-                self.ahead = Bytes::new();
-            }
-            Poll::Ready(Ok(()))
-        };
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled
             && buf.filled().len() > before
         {

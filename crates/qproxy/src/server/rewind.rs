@@ -1,5 +1,7 @@
 //! A connection some of whose first bytes were read already, and are
-//! given back before the rest.
+//! given back before the rest: a TLS port's first bytes, read to tell
+//! plain HTTP from TLS, and any port's first request head, read ahead of
+//! hyper ([`super::head::Watched`]).
 
 use std::io;
 use std::pin::Pin;
