@@ -357,11 +357,22 @@ mod tests {
     use super::*;
 
     use super::super::head::H2_PREFACE;
+    use http_body_util::Empty;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
     use tokio::time::{Instant, sleep, timeout};
 
     const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
     const H2_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+    /// The client end of the tests' connections.
+    const CLIENT: Conn = Conn {
+        remote: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1),
+    };
+
+    /// An app that answers 200 to everything.
+    async fn ok(_: Request<Incoming>) -> Result<Response<Empty<bytes::Bytes>>, Infallible> {
+        Ok(Response::new(Empty::new()))
+    }
 
     /// A connection served as `serve` serves it, with an app that answers
     /// 200 to everything, over an in-memory stream; and the graceful
@@ -369,19 +380,13 @@ mod tests {
     fn connect(builder: auto::Builder<TokioExecutor>) -> (DuplexStream, GracefulShutdown) {
         let (client, server) = tokio::io::duplex(1 << 16);
         let graceful = GracefulShutdown::new();
-        let service = TowerToHyperService::new(service_fn(|_: Request<Incoming>| async {
-            Ok::<_, Infallible>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
-        }));
-        let conn = Conn {
-            remote: SocketAddr::from(([127, 0, 0, 1], 1)),
-        };
         tokio::spawn(connection(
             server,
             HeadClock::new(HEAD_TIMEOUT),
             builder,
-            service,
+            TowerToHyperService::new(service_fn(ok)),
             graceful.watcher(),
-            conn,
+            CLIENT,
         ));
         (client, graceful)
     }
@@ -393,22 +398,16 @@ mod tests {
         let acceptor = TlsAcceptor::from(ca.server_config(false));
         let (client, server) = tokio::io::duplex(1 << 16);
         let graceful = GracefulShutdown::new();
-        let service = TowerToHyperService::new(service_fn(|_: Request<Incoming>| async {
-            Ok::<_, Infallible>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
-        }));
-        let conn = Conn {
-            remote: SocketAddr::from(([127, 0, 0, 1], 1)),
-        };
-        let watcher = graceful.watcher();
+        let (service, watcher) = (TowerToHyperService::new(service_fn(ok)), graceful.watcher());
         tokio::spawn(async move {
-            if let Some(tls) = handshake(server, &acceptor, HEAD_TIMEOUT, conn).await {
+            if let Some(tls) = handshake(server, &acceptor, HEAD_TIMEOUT, CLIENT).await {
                 connection(
                     tls.stream,
                     tls.clock,
                     main_builder(),
                     service,
                     watcher,
-                    conn,
+                    CLIENT,
                 )
                 .await;
             }
@@ -550,6 +549,7 @@ mod tests {
         b.reset();
         assert_eq!(b.next(), Duration::from_millis(5));
     }
+
     #[tokio::test(start_paused = true)]
     async fn a_tls_handshake_not_finished_is_closed_a_minute_after_accept() {
         // Nothing at all; a TLS record header promising a ClientHello.
