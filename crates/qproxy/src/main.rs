@@ -9,6 +9,7 @@
 use std::process::ExitCode;
 
 use qproxy::Config;
+use qproxy::config::Workers;
 
 const USAGE: &str = "\
 usage: qproxy [demo | --version | --help]
@@ -49,10 +50,7 @@ fn serve() -> ExitCode {
         Err(e) => return fail(&e),
     };
     qproxy::init_logging(&config);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime(config.workers) {
         Ok(rt) => rt,
         Err(e) => return fail(&e),
     };
@@ -67,10 +65,8 @@ fn serve() -> ExitCode {
 }
 
 fn demo() -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The demo's app shares the runtime with the proxy: give them a pool.
+    let runtime = match runtime(Workers::Auto) {
         Ok(rt) => rt,
         Err(e) => return fail(&e),
     };
@@ -78,6 +74,20 @@ fn demo() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
+}
+
+/// The runtime that serves: one thread, or a work-stealing pool.
+fn runtime(workers: Workers) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match workers {
+        Workers::One => tokio::runtime::Builder::new_current_thread(),
+        Workers::Pool(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        Workers::Auto => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build()
 }
 
 /// One line on stderr, exit code 1: for failures before logging is up.

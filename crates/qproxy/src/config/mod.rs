@@ -200,6 +200,50 @@ pub struct DrainTimes {
     pub upgraded: Duration,
 }
 
+/// How many threads serve requests: qproxy's own setting,
+/// `QPROXY_WORKERS` (Knative sets none).
+///
+/// The default is one: a sidecar shares its pod's cores with the app, and
+/// on one thread qproxy spends the least CPU per request (no work stealing,
+/// no wake-ups across threads; `benches/RESULTS.md` has the measurements).
+/// One thread proxies tens of thousands of small requests a second; an app
+/// that needs more sets a number, or `auto` for one per core the process
+/// may use (`std::thread::available_parallelism`, which honours a cgroup CPU
+/// limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// Everything on the thread that started qproxy.
+    One,
+    /// A work-stealing pool of this many threads (two or more).
+    Pool(usize),
+    /// A work-stealing pool of one thread per core the process may use.
+    Auto,
+}
+
+impl Workers {
+    const VAR: &'static str = "QPROXY_WORKERS";
+
+    fn from_vars(vars: &Vars) -> Result<Self, ConfigError> {
+        let Some(v) = vars.non_empty(Self::VAR)? else {
+            return Ok(Self::One);
+        };
+        if v == "auto" {
+            return Ok(Self::Auto);
+        }
+        match v.parse::<usize>() {
+            Ok(0) => Err(ConfigError::invalid(Self::VAR, v, "must be at least 1")),
+            Ok(1) => Ok(Self::One),
+            Ok(n) if n <= 1024 => Ok(Self::Pool(n)),
+            Ok(_) => Err(ConfigError::invalid(Self::VAR, v, "is more than 1024")),
+            Err(_) => Err(ConfigError::invalid(
+                Self::VAR,
+                v,
+                "not a number of threads or `auto`",
+            )),
+        }
+    }
+}
+
 /// Feature switches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Features {
@@ -229,6 +273,8 @@ pub struct Config {
     pub readiness_probes: Vec<Probe>,
     /// Feature switches.
     pub features: Features,
+    /// Threads that serve requests.
+    pub workers: Workers,
     /// Log format and level.
     pub logging: Logging,
     /// Metrics, tracing, request log, profiling.
@@ -308,6 +354,7 @@ impl Config {
             Some(json) => probe::decode(json, features.multi_container_probes)
                 .map_err(|e| ConfigError::invalid(PROBE, json, e.to_string()))?,
         };
+        let workers = Workers::from_vars(vars)?;
         let logging = Logging::from_vars(vars, &mut warnings)?;
         let observability = observability::from_vars(vars, &mut warnings)?;
         let tls = Tls::from_vars(vars, observability.generation());
@@ -325,6 +372,7 @@ impl Config {
             drain,
             readiness_probes,
             features,
+            workers,
             logging,
             observability,
             tls,
@@ -520,6 +568,9 @@ mod tests {
             ("QPROXY_PROFILING_PORT", "70000"),
             ("QPROXY_DRAIN_QUIET_SECONDS", "1s"),
             ("QPROXY_DRAIN_UPGRADED_SECONDS", "-1"),
+            ("QPROXY_WORKERS", "0"),
+            ("QPROXY_WORKERS", "two"),
+            ("QPROXY_WORKERS", "1025"),
         ] {
             let mut vars = defaults();
             vars.set(name, value);
@@ -529,6 +580,25 @@ mod tests {
                 err.to_string()
                     .starts_with(&format!("{name}={value:?} is invalid: ")),
                 "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn workers_default_to_one_thread() {
+        let mut vars = defaults();
+        assert_eq!(Config::from_vars(&vars).unwrap().workers, Workers::One);
+        for (value, workers) in [
+            ("", Workers::One),
+            ("1", Workers::One),
+            ("4", Workers::Pool(4)),
+            ("auto", Workers::Auto),
+        ] {
+            vars.set("QPROXY_WORKERS", value);
+            assert_eq!(
+                Config::from_vars(&vars).unwrap().workers,
+                workers,
+                "{value}"
             );
         }
     }
