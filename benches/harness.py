@@ -108,6 +108,7 @@ def build(args):
         out["qproxy"] = os.path.join(ROOT, "target", "release", "qproxy")
     if args.base_bin:
         out["qproxy-base"] = args.base_bin
+    out["qproxy-env"] = args.qproxy_env
     app = os.path.join(ROOT, "target", "bench", "app")
     subprocess.run(["go", "build", "-o", app, "."], cwd=os.path.join(BENCHES, "app"), check=True)
     out["app"] = app
@@ -118,7 +119,7 @@ def build(args):
     if any(n in args.loads for n in TLS_LOAD_NUMBERS):
         out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
-    for tool in ["wrk"] + (["h2load"] if 3 in args.loads else []) + proxies:
+    for tool in ["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads else []) + proxies:
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
         if not path:
             sys.exit(f"harness: {tool} is not installed")
@@ -197,6 +198,8 @@ class Contender:
                        QPROXY_DRAIN_QUIET_SECONDS="0")
             if self.tls:
                 env.update(QUEUE_SERVING_TLS_PORT=str(self.tls_port), QPROXY_CERT_DIR=self.bins["certs"])
+            if name == "qproxy":
+                env.update(kv.split("=", 1) for kv in self.bins.get("qproxy-env", []))
             argv = [self.bins["qproxy-base" if name == "qproxy-base" else "qproxy"]]
         elif name == "go-qp":
             env = knative_env(app_port, self.port, self.cc)
@@ -368,9 +371,23 @@ def run_wrk(bins, port, path, conns, seconds, client_cpu, scheme="http", headers
             "bytes_per_s": bytes_per_s, "seconds": seconds, "non2xx": errors}
 
 
-def run_h2load(bins, port, seconds, client_cpu):
+# A gRPC unary call as h2load sends it: grpc.health.v1.Health/Check with
+# an empty HealthCheckRequest (a five-byte frame, length 0).
+GRPC_PATH = "/grpc.health.v1.Health/Check"
+GRPC_HEADERS = ("content-type: application/grpc", "te: trailers")
+
+
+def run_h2load(bins, port, seconds, client_cpu, grpc=False):
+    extra = []
+    if grpc:
+        frame = os.path.join(ROOT, "target", "bench", "grpc-request")
+        with open(frame, "wb") as f:
+            f.write(bytes(5))
+        extra = ["-d", frame] + [a for h in GRPC_HEADERS for a in ("-H", h)]
+    path = GRPC_PATH if grpc else "/"
     out = subprocess.run(
-        pin(client_cpu, [bins["h2load"], "-c10", "-m10", "-D", str(seconds), f"http://127.0.0.1:{port}/"]),
+        pin(client_cpu, [bins["h2load"], "-c10", "-m10", "-D", str(seconds), *extra,
+                         f"http://127.0.0.1:{port}{path}"]),
         capture_output=True, text=True).stdout
     m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
     rate = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
@@ -383,39 +400,53 @@ def run_h2load(bins, port, seconds, client_cpu):
 
 
 class Perf:
-    """Counts a process's instructions while a load runs."""
+    """Counts a process's instructions, system calls and context switches
+    while a load runs (tracepoints work in a VM; instructions may not)."""
+
+    EVENTS = {"instructions": "instructions", "raw_syscalls:sys_enter": "syscalls",
+              "context-switches": "switches"}
 
     def __init__(self, pids):
         self.proc = None
         if pids and shutil.which("perf"):
-            self.proc = subprocess.Popen(["perf", "stat", "-x,", "-e", "instructions", "-p", ",".join(map(str, pids))],
+            events = [a for e in self.EVENTS for a in ("-e", e)]
+            self.proc = subprocess.Popen(["perf", "stat", "-x,", *events, "-p", ",".join(map(str, pids))],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def stop(self):
+        """{"instructions": n, "syscalls": n, "switches": n}, what was counted."""
         if not self.proc:
-            return None
+            return {}
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate()
+        counts = {}
         for line in err.splitlines():
             fields = line.split(",")
-            if len(fields) > 2 and "instructions" in fields[2] and fields[0].isdigit():
-                return int(fields[0])
-        return None
+            if len(fields) > 2 and fields[0].isdigit():
+                for event, key in self.EVENTS.items():
+                    if fields[2] == event or fields[2].startswith(event + ":"):
+                        counts[key] = int(fields[0])
+        return counts
 
 
-def measured(contender, bins, load, args):
-    """Runs `load` against a started contender; adds proxy CPU and instructions."""
+def measured(contender, bins, load, args, app_pid):
+    """Runs `load` against a started contender; adds the proxy's CPU, its
+    instructions, system calls and context switches per request, and its
+    CPU against the app's (the study's measure)."""
     pids = contender.pids()
     client_cpu = 1 if contender.variant == "pinned" else None
-    before = cpu_ticks(pids)
+    before, app_before = cpu_ticks(pids), cpu_ticks([app_pid])
     perf = Perf(pids) if not args.smoke else None
     result = load(client_cpu)
-    instructions = perf.stop() if perf else None
+    counts = perf.stop() if perf else {}
     ticks = cpu_ticks(pids) - before
+    app_ticks = cpu_ticks([app_pid]) - app_before
     n = max(result["requests"], 1)
     result["cpu_us"] = ticks / TICK / n * 1e6 if pids else None
     result["cpu_s"] = ticks / TICK
-    result["instructions"] = instructions / n if instructions else None
+    result["vs_app"] = ticks / app_ticks if pids and app_ticks else None
+    for key in ("instructions", "syscalls", "switches"):
+        result[key] = counts[key] / n if key in counts else None
     result["peak_rss"] = rss_kib(pids, "VmHWM:") / 1024 if pids else None
     return result
 
@@ -431,6 +462,8 @@ def check_app_answers(port):
 TLS_KEEP_ALIVE = "9 TLS keep-alive c70"
 TLS_HANDSHAKES = "10 TLS handshake per request c70"
 TLS_LOAD_NUMBERS = (9, 10)
+# gRPC unary calls over h2c, 10 connections of 10 streams.
+GRPC_UNARY = "11 gRPC unary h2c 10x10"
 
 
 def throughput_loads(args):
@@ -443,6 +476,8 @@ def throughput_loads(args):
         loads["2 sequential c1"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/", 1, d, cpu)
     if 3 in args.loads:
         loads["3 h2c 10x10"] = lambda b, c: lambda cpu: run_h2load(b, c.h2_port, d, cpu)
+    if 11 in args.loads:
+        loads[GRPC_UNARY] = lambda b, c: lambda cpu: run_h2load(b, c.h2_port, d, cpu, grpc=True)
     if 4 in args.loads:
         loads["4 64KiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=65536", 10, d, cpu)
         loads["4 1MiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=1048576", 10, d, cpu)
@@ -496,7 +531,7 @@ def run_throughput(args, bins):
                             if not args.smoke:
                                 port, scheme = (c.tls_port, "https") if tls else (c.port, "http")
                                 run_wrk(bins, port, "/", 10, 1, 1 if variant == "pinned" else None, scheme)
-                            r = measured(c, bins, warm, args)
+                            r = measured(c, bins, warm, args, app.pid)
                         finally:
                             c.stop()
                         results.setdefault((variant, load_name, name), []).append(r)
@@ -582,8 +617,9 @@ def report(args, throughput, concurrency, footprint):
     lines = []
     for variant in args.variants:
         lines.append(f"### Throughput and cost, {variant}\n")
-        lines.append("| load | contender | req/s | p50 (h2c: mean) | p99 | errors | proxy CPU µs/req | instructions/req | peak RSS |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| load | contender | req/s | p50 (h2: mean) | p99 | errors | proxy CPU µs/req | ÷ app CPU | "
+                     "syscalls/req | switches/req | peak RSS |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for load_name in throughput_loads(args):
             for name in args.contenders:
                 rounds = throughput.get((variant, load_name, name), [])
@@ -595,7 +631,8 @@ def report(args, throughput, concurrency, footprint):
                     f"| {load_name} | {name} | {fmt(med(rounds, 'rps'), digits=0)}{' (FAILED)' if failed else ''} | "
                     f"{fmt(p50 and p50 * 1e6, ' µs', 0)} | {fmt(p99 and p99 * 1e6, ' µs', 0)} | "
                     f"{sum(r['errors'] for r in rounds)} | {fmt(med(rounds, 'cpu_us'))} | "
-                    f"{fmt(med(rounds, 'instructions'), digits=0)} | {fmt(med(rounds, 'peak_rss'), ' MiB')} |")
+                    f"{fmt(med(rounds, 'vs_app'), '×', 2)} | {fmt(med(rounds, 'syscalls'))} | "
+                    f"{fmt(med(rounds, 'switches'), digits=2)} | {fmt(med(rounds, 'peak_rss'), ' MiB')} |")
         lines.append("")
     if concurrency:
         lines.append("### containerConcurrency against a 10 ms app (2×CC connections)\n")
@@ -650,11 +687,14 @@ def main():
     ap.add_argument("--qproxy-bin", help="use this qproxy binary instead of building --release")
     ap.add_argument("--base-bin", help="a second qproxy binary, the contender qproxy-base: a change measured "
                     "against the build before it, side by side")
+    ap.add_argument("--qproxy-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set in the environment of the contender qproxy only (not qproxy-base): a setting "
+                    "measured against its default")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
-    ap.add_argument("--loads", default="1,2,3,4,5,6,9,10")
+    ap.add_argument("--loads", default="1,2,3,11,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
     args = ap.parse_args()
     if args.smoke:

@@ -7,11 +7,15 @@
 //	GET /                → "Hello World!\n"
 //	GET /bytes?n=65536   → n bytes
 //	GET /sleep?ms=10     → "slept\n" after ms milliseconds
+//	POST /grpc.health.v1.Health/Check → a gRPC unary answer (SERVING),
+//	                       as a gRPC server frames it: length-prefixed
+//	                       message, grpc-status in the trailers
 package main
 
 import (
 	"bytes"
 	"flag"
+	"io"
 	"log"
 	"net/http"
 	"strconv"
@@ -39,6 +43,22 @@ func main() {
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		w.Write([]byte("slept\n"))
+	})
+	// grpc.health.v1.HealthCheckResponse{status: SERVING}: field 1, varint 1.
+	serving := []byte{0, 0, 0, 0, 2, 0x08, 0x01}
+	mux.HandleFunc("/grpc.health.v1.Health/Check", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/grpc" {
+			http.Error(w, "not gRPC", http.StatusUnsupportedMediaType)
+			return
+		}
+		// The request is one framed message; read it all, as a server does.
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			return
+		}
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.Write(serving)
+		w.Header().Set("Grpc-Status", "0")
 	})
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
