@@ -613,8 +613,20 @@ def fmt(v, unit="", digits=1):
     return f"{v:,.{digits}f}{unit}"
 
 
-def report(args, throughput, concurrency, footprint):
+def run_allocations():
+    """Allocations per proxied request, counted in-process (from the
+    workspace's source, not --qproxy-bin): benches/allocations.rs."""
+    out = subprocess.run(["cargo", "bench", "-p", "qproxy", "--bench", "allocations", "--locked"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("allocations per request: ")]
+
+
+def report(args, throughput, concurrency, footprint, allocations=None):
     lines = []
+    if allocations:
+        lines.append("### Allocations per request (`crates/qproxy/benches/allocations.rs`)\n")
+        lines.extend(f"- {a}" for a in allocations)
+        lines.append("")
     for variant in args.variants:
         lines.append(f"### Throughput and cost, {variant}\n")
         lines.append("| load | contender | req/s | p50 (h2: mean) | p99 | errors | proxy CPU µs/req | ÷ app CPU | "
@@ -718,7 +730,11 @@ def main():
     if 6 in args.loads:
         print("== loads 6-8", flush=True)
         footprint = run_footprint(args, bins)
-    table = report(args, throughput, concurrency, footprint)
+    allocations = None
+    if not args.smoke:
+        print("== allocations", flush=True)
+        allocations = run_allocations()
+    table = report(args, throughput, concurrency, footprint, allocations)
     print(table)
     failed = [k for k, rounds in throughput.items() if any(r["errors"] for r in rounds)]
     if args.smoke:
