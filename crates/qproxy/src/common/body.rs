@@ -7,19 +7,40 @@ use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::keep_alive::Checkin;
+
 /// A response body: streamed from the user container, or made by qproxy.
 ///
 /// Upstream bodies are passed through frame by frame (data as the app writes
 /// it, then trailers), never collected.
 #[derive(Debug)]
 pub(crate) enum Body {
-    /// Streamed from the user container.
-    Upstream(Incoming),
+    /// Streamed from the user container; the connection it came on, if it
+    /// may be reused, is handed back once the body has been read to its
+    /// end (closed if the body is dropped before).
+    Upstream(Incoming, Option<Checkin>),
     /// A complete body qproxy produced (error texts, probe answers).
     Full(Option<Bytes>),
 }
 
 impl Body {
+    /// The app's response body `body`, read over `checkin`'s connection.
+    pub(crate) fn upstream(body: Incoming, checkin: Option<Checkin>) -> Self {
+        let mut body = Body::Upstream(body, checkin);
+        body.release_at_end();
+        body
+    }
+
+    /// Hands the connection back if the app's body has been read whole.
+    fn release_at_end(&mut self) {
+        if let Body::Upstream(body, checkin) = self
+            && http_body::Body::is_end_stream(body)
+            && let Some(checkin) = checkin.take()
+        {
+            checkin.release();
+        }
+    }
+
     /// An empty body.
     pub(crate) fn empty() -> Self {
         Body::Full(None)
@@ -40,11 +61,21 @@ impl http_body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            Body::Upstream(b) => {
+        let this = self.get_mut();
+        match this {
+            Body::Upstream(b, checkin) => {
                 let polled = Pin::new(b).poll_frame(cx);
-                if let Poll::Ready(Some(Err(e))) = &polled {
-                    tracing::debug!(error = %e, "response body from the user container failed");
+                match &polled {
+                    Poll::Ready(None) => {
+                        if let Some(checkin) = checkin.take() {
+                            checkin.release();
+                        }
+                    }
+                    Poll::Ready(Some(Ok(_))) => this.release_at_end(),
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!(error = %e, "response body from the user container failed");
+                    }
+                    Poll::Pending => {}
                 }
                 polled
             }
@@ -54,14 +85,14 @@ impl http_body::Body for Body {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Body::Upstream(b) => b.is_end_stream(),
+            Body::Upstream(b, _) => b.is_end_stream(),
             Body::Full(data) => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Body::Upstream(b) => b.size_hint(),
+            Body::Upstream(b, _) => b.size_hint(),
             Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }

@@ -1,6 +1,7 @@
 //! What the layers, the reverse proxy and the small servers share: bodies
 //! and their guards, the answers qproxy makes itself, the tunnels of
-//! upgraded connections, Knative's header names and Go's formatting.
+//! upgraded connections, the app connections kept alive, Knative's header
+//! names and Go's formatting.
 //!
 //! Everything here sits below the rest of the crate and imports nothing
 //! from it, so that no two modules above it need each other.
@@ -8,6 +9,7 @@
 pub(crate) mod body;
 pub(crate) mod go;
 pub(crate) mod headers;
+pub(crate) mod keep_alive;
 pub(crate) mod outcome;
 pub(crate) mod reply;
 pub(crate) mod tunnel;

@@ -77,29 +77,6 @@ impl UpstreamError {
         matches!(self, UpstreamError::ClientGone)
     }
 
-    /// Classifies an error of the HTTP/1 client.
-    pub(crate) fn from_http1(err: hyper_util::client::legacy::Error, remote: SocketAddr) -> Self {
-        if err.is_connect() {
-            return match find::<io::Error>(&err) {
-                Some(source) => UpstreamError::Connect {
-                    addr: remote,
-                    source: copy_io(source),
-                },
-                None => UpstreamError::Other(err.to_string()),
-            };
-        }
-        let local = err.connect_info().and_then(|c| {
-            let mut ext = http::Extensions::new();
-            c.get_extras(&mut ext);
-            ext.get::<hyper_util::client::legacy::connect::HttpInfo>()
-                .map(|i| i.local_addr())
-        });
-        match find::<hyper::Error>(&err) {
-            Some(h) => Self::from_hyper(h, local, remote),
-            None => UpstreamError::Other(err.to_string()),
-        }
-    }
-
     /// Classifies an error of an HTTP/1 or HTTP/2 connection.
     pub(crate) fn from_hyper(
         err: &hyper::Error,

@@ -102,12 +102,13 @@ impl Proxy {
             _ => None,
         };
 
-        let mut res = if h2 {
+        let (mut res, checkin) = if h2 {
             let req = self.h2_request(req)?;
-            self.upstream.send_h2c(req).await?
+            (self.upstream.send_h2c(req).await?, None)
         } else {
             let req = self.http1_request(req)?;
-            self.upstream.send_http1(req).await?
+            let (res, checkin) = self.upstream.send_http1(req).await?;
+            (res, Some(checkin))
         };
 
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -129,7 +130,7 @@ impl Proxy {
         hop::prepare_response(res.headers_mut());
         // Go's server writes the standard reason phrase, whatever the app's.
         res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
-        Ok(res.map(Body::Upstream))
+        Ok(res.map(|body| Body::upstream(body, checkin)))
     }
 
     /// A `CONNECT`, as Go's reverse proxy passes it: to the app with the
@@ -158,22 +159,29 @@ impl Proxy {
             res.extensions_mut().insert(tunnel);
             return Ok(res.map(|_| Body::empty()));
         }
-        Ok(res.map(Body::Upstream))
+        Ok(res.map(|body| Body::upstream(body, None)))
     }
 
-    /// An HTTP/1.1 request to `http://127.0.0.1:USER_PORT` keeping the
-    /// client's host in `Host`.
+    /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin
+    /// form, keeping the client's host in `Host` (the app's address when
+    /// the client sent none, as Go's transport writes it).
     fn http1_request(&self, req: Request<Incoming>) -> Result<Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
-        let mut uri = std::mem::take(&mut parts.uri).into_parts();
+        let uri = std::mem::take(&mut parts.uri).into_parts();
         // The host of an absolute-form request line wins over `Host`, as in Go.
-        if let Some(authority) = uri.authority.take() {
+        if let Some(authority) = uri.authority {
             let host = HeaderValue::try_from(authority.as_str())
                 .map_err(|_| UpstreamError::InvalidHost)?;
             parts.headers.insert(HOST, host);
+        } else if !parts.headers.contains_key(HOST) {
+            let app = HeaderValue::try_from(self.upstream.authority().as_str())
+                .map_err(|_| UpstreamError::InvalidHost)?;
+            parts.headers.insert(HOST, app);
         }
-        uri.authority = Some(self.upstream.authority().clone());
-        parts.uri = http_uri(uri)?;
+        parts.uri = match uri.path_and_query {
+            Some(path) if path.as_str() != "/" => Uri::from(path),
+            _ => Uri::from_static("/"),
+        };
         parts.version = Version::HTTP_11;
         Ok(Request::from_parts(parts, RequestBody::from_client(body)))
     }

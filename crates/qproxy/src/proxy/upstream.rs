@@ -1,38 +1,39 @@
 //! Connections to the user container at `127.0.0.1:USER_PORT`.
 //!
-//! HTTP/1 requests go out as HTTP/1.1 over a keep-alive pool that keeps at
-//! most `CONTAINER_CONCURRENCY` idle connections (1000 when unlimited), as
-//! Knative's transport does. A request without a body whose method is
-//! idempotent (or that carries an idempotency key) is sent once more on a
-//! new connection when the app drops a pooled one under it before
-//! answering, as Go's transport retries it; one that went out on a
+//! HTTP/1 requests go out as HTTP/1.1 over keep-alive connections that
+//! qproxy keeps itself (`common::keep_alive`): a request takes the connection used
+//! last, or dials one; its response body hands the connection back when
+//! the app's response has been read to its end, so that the
+//! next request, from any client connection, reuses it. At most
+//! `CONTAINER_CONCURRENCY` idle connections are kept (1000 when
+//! unlimited), each for at most 90 s, as Knative's transport does. A
+//! request that an idle connection turns out to be closed for is sent on
+//! another before anything of it is written. A request without a body whose
+//! method is idempotent (or that carries an idempotency key) is sent once
+//! more on a new connection when the app drops a reused one under it
+//! before answering, as Go's transport retries it; one that went out on a
 //! connection dialled for it is not (the app has seen it on a connection
-//! that was fresh, and Go does not retry then either). HTTP/2 requests go out as h2c
-//! (prior knowledge)
-//! over one shared, multiplexed connection, made on first use and remade
-//! when it closes.
+//! that was fresh, and Go does not retry then either). HTTP/2 requests go
+//! out as h2c (prior knowledge) over one shared, multiplexed connection,
+//! made on first use and remade when it closes.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::Authority;
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http2;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
 use crate::common::body::RequestBody;
+use crate::common::keep_alive::{Checkin, Conn, Idle};
 use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
-/// How long an idle pooled connection is kept (Go's transport default).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// TCP keep-alive on upstream connections (Knative's dialer).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 
@@ -41,33 +42,8 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
-    http1: Client<Dialer, RequestBody>,
-    /// Connections `http1` has dialled so far.
-    dialled: Arc<AtomicU64>,
+    idle: Arc<Idle>,
     h2c: H2c,
-}
-
-/// The HTTP/1 connector, counting the connections it dials: a request that
-/// failed while none was dialled went out on a pooled one.
-#[derive(Debug, Clone)]
-struct Dialer {
-    inner: HttpConnector,
-    dialled: Arc<AtomicU64>,
-}
-
-impl tower::Service<Uri> for Dialer {
-    type Response = <HttpConnector as tower::Service<Uri>>::Response;
-    type Error = <HttpConnector as tower::Service<Uri>>::Error;
-    type Future = <HttpConnector as tower::Service<Uri>>::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        self.dialled.fetch_add(1, Ordering::Relaxed);
-        self.inner.call(uri)
-    }
 }
 
 impl Upstream {
@@ -75,30 +51,14 @@ impl Upstream {
     /// `max_idle` idle HTTP/1 connections.
     pub(crate) fn new(port: u16, max_idle: usize) -> Self {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let dialled = Arc::new(AtomicU64::new(0));
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(TCP_KEEPALIVE));
-        let http1 = Client::builder(TokioExecutor::new())
-            // Header names as Go's transport writes them (`X-Forwarded-For`).
-            .http1_title_case_headers(true)
-            .http1_max_headers(MAX_HEADER_FIELDS)
-            .http1_max_buf_size(MAX_RESPONSE_HEADER_BYTES)
-            .pool_max_idle_per_host(max_idle)
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .build(Dialer {
-                inner: connector,
-                dialled: dialled.clone(),
-            });
+        let idle = Idle::new(max_idle);
         // `127.0.0.1:<u16>` is always a valid authority.
         let authority = Authority::try_from(addr.to_string())
             .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
         Self {
             addr,
             authority,
-            http1,
-            dialled,
+            idle,
             h2c: H2c {
                 addr,
                 conn: Mutex::new(None),
@@ -107,36 +67,74 @@ impl Upstream {
         }
     }
 
-    /// `127.0.0.1:USER_PORT`, the authority of HTTP/1 upstream URIs.
+    /// `127.0.0.1:USER_PORT`, the authority of upstream requests.
     pub(crate) fn authority(&self) -> &Authority {
         &self.authority
     }
 
-    /// Sends an HTTP/1.1 request; its URI must be absolute
-    /// (`http://127.0.0.1:PORT/...`).
+    /// Sends an HTTP/1.1 request (its URI in origin form, its `Host` set);
+    /// the [`Checkin`] hands the connection back once the response body
+    /// has been read.
     pub(crate) async fn send_http1(
         &self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        let again = replayable(&req).then(|| copy_bodyless(&req));
-        let dialled = self.dialled.load(Ordering::Relaxed);
-        let err = match self.http1.request(req).await {
-            Ok(res) => return Ok(res),
-            Err(e) => UpstreamError::from_http1(e, self.addr),
-        };
-        // Whether the request went out on a pooled connection: no dial
-        // happened meanwhile (under concurrent dials, it is not retried).
-        let pooled = self.dialled.load(Ordering::Relaxed) == dialled;
-        match again {
-            Some(req) if pooled && err.is_dropped_connection() => {
-                tracing::debug!(error = %err, "the app dropped the connection; sending again");
-                self.http1
-                    .request(req)
-                    .await
-                    .map_err(|e| UpstreamError::from_http1(e, self.addr))
+        mut req: Request<RequestBody>,
+    ) -> Result<(Response<Incoming>, Checkin), UpstreamError> {
+        while let Some(mut conn) = self.idle.take() {
+            if conn.sender.ready().await.is_err() {
+                continue;
             }
-            _ => Err(err),
+            let again = replayable(&req).then(|| copy_bodyless(&req));
+            match conn.sender.try_send_request(req).await {
+                Ok(res) => return Ok((res, self.checkin(conn))),
+                Err(mut e) => {
+                    if let Some(unsent) = e.take_message() {
+                        // Nothing of it was written: another connection.
+                        req = unsent;
+                        continue;
+                    }
+                    let err = UpstreamError::from_hyper(e.error(), Some(conn.local), self.addr);
+                    match again {
+                        Some(copy) if err.is_dropped_connection() => {
+                            tracing::debug!(error = %err, "the app dropped the connection; sending again");
+                            req = copy;
+                            break;
+                        }
+                        _ => return Err(err),
+                    }
+                }
+            }
         }
+        let mut conn = self.dial_http1().await?;
+        match conn.sender.send_request(req).await {
+            Ok(res) => Ok((res, self.checkin(conn))),
+            Err(e) => Err(UpstreamError::from_hyper(&e, Some(conn.local), self.addr)),
+        }
+    }
+
+    fn checkin(&self, conn: Conn) -> Checkin {
+        Checkin::new(self.idle.clone(), conn)
+    }
+
+    /// A new HTTP/1.1 connection, driven by a task of its own.
+    async fn dial_http1(&self) -> Result<Conn, UpstreamError> {
+        let (tcp, local) = dial(self.addr).await?;
+        let keepalive = TcpKeepalive::new().with_time(TCP_KEEPALIVE);
+        SockRef::from(&tcp)
+            .set_tcp_keepalive(&keepalive)
+            .map_err(|source| UpstreamError::Connect {
+                addr: self.addr,
+                source,
+            })?;
+        let (sender, conn) = http1_builder()
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| UpstreamError::from_hyper(&e, Some(local), self.addr))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "HTTP/1.1 connection to the user container ended");
+            }
+        });
+        Ok(Conn { sender, local })
     }
 
     /// Sends a `CONNECT` on a connection of its own, its authority-form
@@ -148,10 +146,7 @@ impl Upstream {
     ) -> Result<Response<Incoming>, UpstreamError> {
         let (tcp, local) = dial(self.addr).await?;
         let hyper_error = |e: hyper::Error| UpstreamError::from_hyper(&e, Some(local), self.addr);
-        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-            .title_case_headers(true)
-            .max_headers(MAX_HEADER_FIELDS)
-            .max_buf_size(MAX_RESPONSE_HEADER_BYTES)
+        let (mut sender, conn) = http1_builder()
             .handshake(TokioIo::new(tcp))
             .await
             .map_err(hyper_error)?;
@@ -171,6 +166,18 @@ impl Upstream {
     ) -> Result<Response<Incoming>, UpstreamError> {
         self.h2c.send(req).await
     }
+}
+
+/// How HTTP/1.1 connections to the app are spoken: header names as Go's
+/// transport writes them (`X-Forwarded-For`), and the response head
+/// limits.
+fn http1_builder() -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .title_case_headers(true)
+        .max_headers(MAX_HEADER_FIELDS)
+        .max_buf_size(MAX_RESPONSE_HEADER_BYTES);
+    builder
 }
 
 /// Whether a request may be sent twice, by Go's rule (`isReplayable`): no
