@@ -6,11 +6,13 @@
 //! cost.
 //!
 //! The binary (`main.rs`) reads the environment into a [`Config`] and calls
-//! [`run`]; the rest of the crate is private to it. Inside, from the
+//! [`run`] on one thread (a Tokio current-thread runtime; a pool when
+//! `QPROXY_WORKERS` asks for one); the rest of the crate is private to it. Inside, from the
 //! bottom up (each module uses only those above it in this list):
 //!
 //! - `common`: what everything below shares (bodies and their guards,
-//!   Go-shaped answers, tunnels, Knative's header names, Go's formatting);
+//!   Go-shaped answers, tunnels, the app connections kept alive, Knative's
+//!   header names, Go's formatting);
 //! - [`config`]: the environment contract, parsed once into a [`Config`];
 //! - `observe`: logs in Knative's zap JSON shape, request metrics, request
 //!   logs and traces;
