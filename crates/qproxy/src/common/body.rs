@@ -24,21 +24,13 @@ pub(crate) enum Body {
 }
 
 impl Body {
-    /// The app's response body `body`, read over `checkin`'s connection.
-    pub(crate) fn upstream(body: Incoming, checkin: Option<Checkin>) -> Self {
-        let mut body = Body::Upstream(body, checkin);
-        body.release_at_end();
-        body
-    }
-
-    /// Hands the connection back if the app's body has been read whole.
-    fn release_at_end(&mut self) {
-        if let Body::Upstream(body, checkin) = self
-            && http_body::Body::is_end_stream(body)
-            && let Some(checkin) = checkin.take()
-        {
-            checkin.release();
+    /// The app's response body `body`, read over `checkin`'s connection;
+    /// a body that is empty from the start hands it back at once.
+    pub(crate) fn upstream(body: Incoming, mut checkin: Option<Checkin>) -> Self {
+        if http_body::Body::is_end_stream(&body) {
+            release(&mut checkin);
         }
+        Body::Upstream(body, checkin)
     }
 
     /// An empty body.
@@ -61,21 +53,17 @@ impl http_body::Body for Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        match this {
+        match self.get_mut() {
             Body::Upstream(b, checkin) => {
-                let polled = Pin::new(b).poll_frame(cx);
+                let polled = Pin::new(&mut *b).poll_frame(cx);
                 match &polled {
-                    Poll::Ready(None) => {
-                        if let Some(checkin) = checkin.take() {
-                            checkin.release();
-                        }
-                    }
-                    Poll::Ready(Some(Ok(_))) => this.release_at_end(),
+                    // The end, whether the last frame said so or not.
+                    Poll::Ready(None) => release(checkin),
+                    Poll::Ready(Some(Ok(_))) if b.is_end_stream() => release(checkin),
+                    Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
                     Poll::Ready(Some(Err(e))) => {
                         tracing::debug!(error = %e, "response body from the user container failed");
                     }
-                    Poll::Pending => {}
                 }
                 polled
             }
@@ -95,6 +83,13 @@ impl http_body::Body for Body {
             Body::Upstream(b, _) => b.size_hint(),
             Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
+    }
+}
+
+/// Hands an app connection back for reuse, once.
+fn release(checkin: &mut Option<Checkin>) {
+    if let Some(checkin) = checkin.take() {
+        checkin.release();
     }
 }
 

@@ -1,16 +1,16 @@
 //! Connections to the user container at `127.0.0.1:USER_PORT`.
 //!
 //! HTTP/1 requests go out as HTTP/1.1 over keep-alive connections that
-//! qproxy keeps itself (`common::keep_alive`): a request takes the connection used
-//! last, or dials one; its response body hands the connection back when
-//! the app's response has been read to its end, so that the
-//! next request, from any client connection, reuses it. At most
+//! qproxy keeps itself (`common::keep_alive`): a request takes the
+//! connection used last, or dials one; its response body hands the
+//! connection back when the app's response has been read to its end, so
+//! that the next request, from any client connection, reuses it. At most
 //! `CONTAINER_CONCURRENCY` idle connections are kept (1000 when
 //! unlimited), each for at most 90 s, as Knative's transport does. A
 //! request that an idle connection turns out to be closed for is sent on
-//! another before anything of it is written. A request without a body whose
-//! method is idempotent (or that carries an idempotency key) is sent once
-//! more on a new connection when the app drops a reused one under it
+//! another before anything of it is written. A request without a body
+//! whose method is idempotent (or that carries an idempotency key) is sent
+//! once more on a new connection when the app drops a reused one under it
 //! before answering, as Go's transport retries it; one that went out on a
 //! connection dialled for it is not (the app has seen it on a connection
 //! that was fresh, and Go does not retry then either). HTTP/2 requests go
