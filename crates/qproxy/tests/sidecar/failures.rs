@@ -223,6 +223,11 @@ async fn host_rules_of_go_servers() {
         1,
         "only the HTTP/1.0 request reaches the app"
     );
+    // As Go's transport writes it: the app's address stands in for the host.
+    assert_eq!(
+        app.only().headers["host"],
+        format!("127.0.0.1:{}", app.port()).as_str()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -272,6 +277,7 @@ fn bad_environment_exits_1_naming_the_variable() {
         ("CONTAINER_CONCURRENCY", "lots"),
         ("QUEUE_SERVING_PORT", "99999"),
         ("ENABLE_HTTP_FULL_DUPLEX", "maybe"),
+        ("QPROXY_WORKERS", "0"),
         ("SERVING_READINESS_PROBE", "{\"httpGet\":"),
         (
             "OBSERVABILITY_CONFIG",

@@ -160,3 +160,31 @@ fn sigterm_right_after_start_is_a_clean_stop() {
         assert_eq!(qp.wait_exit().code(), Some(0));
     }
 }
+
+/// The names of a process's threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap())
+        .map(|name| name.trim_end().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_thread_serves_unless_qproxy_workers_asks_for_a_pool() {
+    let app = App::hello().await;
+    // Tokio names the threads of its pool `tokio-rt-worker`.
+    let workers = |qp: &QProxy| {
+        thread_names(qp.pid())
+            .iter()
+            .filter(|n| *n == "tokio-rt-worker")
+            .count()
+    };
+    for (setting, expected) in [(None, 0), (Some("3"), 3)] {
+        let vars: Vec<(&str, &str)> = setting.map(|n| ("QPROXY_WORKERS", n)).into_iter().collect();
+        let qp = QProxy::start(app.port(), &vars);
+        let res = h1(qp.main, get("/", &[])).await;
+        assert_eq!(text(res).await, "Hello World!\n");
+        assert_eq!(workers(&qp), expected, "QPROXY_WORKERS={setting:?}");
+    }
+}

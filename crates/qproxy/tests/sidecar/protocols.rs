@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use qproxy_test_support::*;
@@ -544,6 +544,39 @@ async fn http1_upstream_connections_are_kept_alive() {
         1,
         "one pooled connection serves all"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_app_connection_is_reused_after_every_kind_of_answer() {
+    // An answer with no body (to HEAD, and a 204), one with a length, and
+    // one in chunks (no length known): each read whole, each client on a
+    // connection of its own, one connection to the app for them all.
+    let app = App::start(|req| async move {
+        match req.uri().path() {
+            "/none" => {
+                let mut res = Response::new(empty());
+                *res.status_mut() = StatusCode::NO_CONTENT;
+                res
+            }
+            "/chunks" => Response::new(Zeros::new(3 * CHUNK as u64).boxed()),
+            _ => Response::new(full("Hello World!\n")),
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+    let head = Request::head("/").body(empty()).unwrap();
+    let res = h1(qp.main, head).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(text(res).await, "");
+    let res = h1(qp.main, get("/none", &[])).await;
+    assert_eq!(res.status(), 204);
+    let res = h1(qp.main, get("/chunks", &[])).await;
+    assert!(res.headers().contains_key("transfer-encoding"));
+    assert_eq!(count_bytes(res.into_body()).await, 3 * CHUNK as u64);
+    let res = h1(qp.main, get("/", &[])).await;
+    assert_eq!(text(res).await, "Hello World!\n");
+    assert_eq!(app.seen().len(), 4);
+    assert_eq!(app.connections_accepted(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
