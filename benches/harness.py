@@ -116,6 +116,10 @@ def build(args):
         go_qp = os.path.join(ROOT, "target", "oracle", "queue-v0.42.2")
         subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), "v0.42.2", go_qp], check=True)
         out["go-qp"] = go_qp
+    if 11 in args.loads:
+        out["grpc-request"] = os.path.join(ROOT, "target", "bench", "grpc-request")
+        with open(out["grpc-request"], "wb") as f:
+            f.write(bytes(5))
     if any(n in args.loads for n in TLS_LOAD_NUMBERS):
         out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
@@ -380,10 +384,7 @@ GRPC_HEADERS = ("content-type: application/grpc", "te: trailers")
 def run_h2load(bins, port, seconds, client_cpu, grpc=False):
     extra = []
     if grpc:
-        frame = os.path.join(ROOT, "target", "bench", "grpc-request")
-        with open(frame, "wb") as f:
-            f.write(bytes(5))
-        extra = ["-d", frame] + [a for h in GRPC_HEADERS for a in ("-H", h)]
+        extra = ["-d", bins["grpc-request"]] + [a for h in GRPC_HEADERS for a in ("-H", h)]
     path = GRPC_PATH if grpc else "/"
     out = subprocess.run(
         pin(client_cpu, [bins["h2load"], "-c10", "-m10", "-D", str(seconds), *extra,
