@@ -7,6 +7,7 @@ use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::h1::{self, AppBody};
 use super::keep_alive::Checkin;
 
 /// A response body: streamed from the user container, or made by qproxy.
@@ -19,6 +20,9 @@ pub(crate) enum Body {
     /// may be reused, is handed back once the body has been read to its
     /// end (closed if the body is dropped before).
     Upstream(Incoming, Option<Checkin>),
+    /// Streamed from the user container over a connection qproxy speaks
+    /// HTTP/1.1 on itself, which the body hands back at its end.
+    App(AppBody),
     /// A complete body qproxy produced (error texts, probe answers).
     Full(Option<Bytes>),
 }
@@ -45,35 +49,49 @@ impl Body {
     }
 }
 
+/// Why a response body from the user container failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// Read by hyper.
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// Read by qproxy's own HTTP/1.1 client.
+    #[error(transparent)]
+    App(#[from] h1::BodyError),
+}
+
 impl http_body::Body for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = match self.get_mut() {
             Body::Upstream(b, checkin) => {
                 let polled = Pin::new(&mut *b).poll_frame(cx);
                 match &polled {
                     // The end, whether the last frame said so or not.
                     Poll::Ready(None) => release(checkin),
                     Poll::Ready(Some(Ok(_))) if b.is_end_stream() => release(checkin),
-                    Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
-                    Poll::Ready(Some(Err(e))) => {
-                        tracing::debug!(error = %e, "response body from the user container failed");
-                    }
+                    Poll::Ready(Some(_)) | Poll::Pending => {}
                 }
-                polled
+                polled.map_err(BodyError::from)
             }
-            Body::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Body::App(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::from),
+            Body::Full(data) => return Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        };
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            tracing::debug!(error = %e, "response body from the user container failed");
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             Body::Upstream(b, _) => b.is_end_stream(),
+            Body::App(b) => b.is_end_stream(),
             Body::Full(data) => data.is_none(),
         }
     }
@@ -81,6 +99,7 @@ impl http_body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match self {
             Body::Upstream(b, _) => b.size_hint(),
+            Body::App(b) => b.size_hint(),
             Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }

@@ -4,7 +4,10 @@
 //!
 //! The idle connections are a stack: a request takes the one used last,
 //! as Go's transport does, so that the others age out. At most `max` are
-//! kept, each for at most 90 s (Go's transport default).
+//! kept, each for at most 90 s (Go's transport default). The stack holds
+//! either kind of connection qproxy has to the app: hyper's ([`Conn`]) and
+//! its own ([`crate::proxy::h1::AppConn`]); each says, through [`Pooled`],
+//! whether it is still open.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -20,7 +23,13 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often connections idle for longer are closed.
 const IDLE_SWEEP: Duration = Duration::from_secs(15);
 
-/// An HTTP/1.1 connection to the app.
+/// A connection that may wait in [`Idle`].
+pub(crate) trait Pooled {
+    /// Whether the app has closed it (or it can no longer be used).
+    fn is_closed(&self) -> bool;
+}
+
+/// An HTTP/1.1 connection to the app, spoken by hyper.
 #[derive(Debug)]
 pub(crate) struct Conn {
     /// Sends requests on it.
@@ -29,14 +38,20 @@ pub(crate) struct Conn {
     pub(crate) local: SocketAddr,
 }
 
-/// The idle HTTP/1.1 connections, the one used last at the end.
-#[derive(Debug)]
-pub(crate) struct Idle {
-    max: usize,
-    conns: Mutex<Vec<(Conn, Instant)>>,
+impl Pooled for Conn {
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
 }
 
-impl Idle {
+/// The idle HTTP/1.1 connections, the one used last at the end.
+#[derive(Debug)]
+pub(crate) struct Idle<C> {
+    max: usize,
+    conns: Mutex<Vec<(C, Instant)>>,
+}
+
+impl<C: Pooled + Send + 'static> Idle<C> {
     /// Keeps at most `max` connections, each for at most [`IDLE_TIMEOUT`]
     /// (swept every [`IDLE_SWEEP`] when made within a Tokio runtime).
     pub(crate) fn new(max: usize) -> Arc<Self> {
@@ -49,10 +64,10 @@ impl Idle {
     }
 
     /// The connection used last, if one is open.
-    pub(crate) fn take(&self) -> Option<Conn> {
+    pub(crate) fn take(&self) -> Option<C> {
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some((conn, _)) = conns.pop() {
-            if !conn.sender.is_closed() {
+            if !conn.is_closed() {
                 return Some(conn);
             }
         }
@@ -60,8 +75,8 @@ impl Idle {
     }
 
     /// Keeps `conn` for reuse, unless enough are kept already.
-    fn put(&self, conn: Conn) {
-        if conn.sender.is_closed() {
+    pub(crate) fn put(&self, conn: C) {
+        if conn.is_closed() {
             return;
         }
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
@@ -74,12 +89,12 @@ impl Idle {
     fn sweep(&self, now: Instant) {
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         conns.retain(|(conn, since)| {
-            !conn.sender.is_closed() && now.saturating_duration_since(*since) < IDLE_TIMEOUT
+            !conn.is_closed() && now.saturating_duration_since(*since) < IDLE_TIMEOUT
         });
     }
 
     /// Sweeps `idle` every [`IDLE_SWEEP`] while it exists.
-    fn keep_swept(idle: Weak<Idle>) {
+    fn keep_swept(idle: Weak<Idle<C>>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -100,13 +115,13 @@ impl Idle {
 /// if dropped before that.
 #[derive(Debug)]
 pub(crate) struct Checkin {
-    idle: Arc<Idle>,
+    idle: Arc<Idle<Conn>>,
     conn: Conn,
 }
 
 impl Checkin {
     /// `conn`, to be handed back to `idle`.
-    pub(crate) fn new(idle: Arc<Idle>, conn: Conn) -> Self {
+    pub(crate) fn new(idle: Arc<Idle<Conn>>, conn: Conn) -> Self {
         Checkin { idle, conn }
     }
 
@@ -135,7 +150,7 @@ mod tests {
         (Conn { sender, local }, (task, theirs))
     }
 
-    fn ports(idle: &Idle) -> Vec<u16> {
+    fn ports(idle: &Idle<Conn>) -> Vec<u16> {
         let conns = idle.conns.lock().unwrap();
         conns.iter().map(|(c, _)| c.local.port()).collect()
     }

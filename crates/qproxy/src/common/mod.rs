@@ -8,6 +8,7 @@
 
 pub(crate) mod body;
 pub(crate) mod go;
+pub(crate) mod h1;
 pub(crate) mod headers;
 pub(crate) mod keep_alive;
 pub(crate) mod outcome;

@@ -105,6 +105,17 @@ impl Proxy {
         let (mut res, checkin) = if h2 {
             let req = self.h2_request(req)?;
             (self.upstream.send_h2c(req).await?, None)
+        } else if client_upgrade.is_none() && http_body::Body::is_end_stream(req.body()) {
+            // The common request: qproxy's own client, which hands back
+            // a response with its body ready to stream.
+            let req = self.http1_request(req)?;
+            let mut res = self.upstream.send_bodyless(&req).await?;
+            if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+                let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
+                return Err(mismatch(None, offered));
+            }
+            hop::prepare_response(res.headers_mut());
+            return Ok(res);
         } else {
             let req = self.http1_request(req)?;
             let (res, checkin) = self.upstream.send_http1(req).await?;

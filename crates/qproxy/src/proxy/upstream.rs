@@ -4,9 +4,11 @@
 //! qproxy keeps itself (`common::keep_alive`): a request takes the
 //! connection used last, or dials one; its response body hands the
 //! connection back when the app's response has been read to its end, so
-//! that the next request, from any client connection, reuses it. At most
-//! `CONTAINER_CONCURRENCY` idle connections are kept (1000 when
-//! unlimited), each for at most 90 s, as Knative's transport does. A
+//! that the next request, from any client connection, reuses it. Requests
+//! without a body are spoken by qproxy's own client ([`super::h1`]); those
+//! with one by hyper's; each kind keeps its own idle connections. At most
+//! `CONTAINER_CONCURRENCY` idle connections of each kind are kept (1000
+//! when unlimited), each for at most 90 s, as Knative's transport does. A
 //! request that an idle connection turns out to be closed for is sent on
 //! another before anything of it is written. A request without a body
 //! whose method is idempotent (or that carries an idempotency key) is sent
@@ -30,7 +32,8 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
-use crate::common::body::RequestBody;
+use crate::common::body::{Body, RequestBody};
+use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
 use crate::common::keep_alive::{Checkin, Conn, Idle};
 use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
@@ -42,7 +45,10 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
-    idle: Arc<Idle>,
+    /// Idle connections spoken by hyper: requests with a body.
+    idle: Arc<Idle<Conn>>,
+    /// Idle connections spoken by qproxy: requests without.
+    idle_own: Arc<Idle<AppConn>>,
     h2c: H2c,
 }
 
@@ -52,6 +58,7 @@ impl Upstream {
     pub(crate) fn new(port: u16, max_idle: usize) -> Self {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let idle = Idle::new(max_idle);
+        let idle_own = Idle::new(max_idle);
         // `127.0.0.1:<u16>` is always a valid authority.
         let authority = Authority::try_from(addr.to_string())
             .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
@@ -59,6 +66,7 @@ impl Upstream {
             addr,
             authority,
             idle,
+            idle_own,
             h2c: H2c {
                 addr,
                 conn: Mutex::new(None),
@@ -111,12 +119,63 @@ impl Upstream {
         }
     }
 
-    fn checkin(&self, conn: Conn) -> Checkin {
-        Checkin::new(self.idle.clone(), conn)
+    /// Sends an HTTP/1.1 request without a body and asking for no upgrade
+    /// (its URI in origin form, its `Host` set) with qproxy's own client;
+    /// the response body hands the connection back once read. The rules
+    /// for idle connections and for sending again are those of
+    /// [`Upstream::send_http1`].
+    pub(crate) async fn send_bodyless(
+        &self,
+        req: &Request<RequestBody>,
+    ) -> Result<http::Response<Body>, UpstreamError> {
+        let mut head = Vec::with_capacity(256);
+        h1::encode(req, &mut head);
+        let again = replayable(req);
+        let method = req.method();
+        // `take` passes over the idle connections the app has closed.
+        if let Some(mut conn) = self.idle_own.take() {
+            let mut buf = bytes::BytesMut::new();
+            let exchanged = h1::exchange(&mut conn, &head, method, &mut buf).await;
+            match exchanged.map_err(|e| self.exchange_error(e, &conn)) {
+                Ok(res) => return Ok(self.own_response(conn, res, buf)),
+                Err(err) if again && err.is_dropped_connection() => {
+                    tracing::debug!(error = %err, "the app dropped the connection; sending again");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let (tcp, local) = self.dial_keepalive().await?;
+        let mut conn = AppConn::new(tcp, local);
+        let mut buf = bytes::BytesMut::new();
+        let exchanged = h1::exchange(&mut conn, &head, method, &mut buf).await;
+        let res = exchanged.map_err(|e| self.exchange_error(e, &conn))?;
+        Ok(self.own_response(conn, res, buf))
     }
 
-    /// A new HTTP/1.1 connection, driven by a task of its own.
-    async fn dial_http1(&self) -> Result<Conn, UpstreamError> {
+    /// What failed on `conn`, in Go's transport's words.
+    fn exchange_error(&self, err: ExchangeError, conn: &AppConn) -> UpstreamError {
+        match err {
+            ExchangeError::Io(source) => UpstreamError::Io {
+                local: Some(conn.local()),
+                remote: self.addr,
+                source,
+            },
+            ExchangeError::Closed => UpstreamError::Closed,
+            ExchangeError::Malformed(_) => UpstreamError::Protocol(err.to_string()),
+        }
+    }
+
+    fn own_response(&self, conn: AppConn, head: h1::Head, rest: bytes::BytesMut) -> Response<Body> {
+        let body = AppBody::new(conn, &head, rest, self.idle_own.clone());
+        let mut res = Response::new(Body::App(body));
+        *res.status_mut() = head.status;
+        *res.version_mut() = head.version;
+        *res.headers_mut() = head.headers;
+        res
+    }
+
+    /// A new connection to the app, with Knative's TCP keep-alive.
+    async fn dial_keepalive(&self) -> Result<(TcpStream, SocketAddr), UpstreamError> {
         let (tcp, local) = dial(self.addr).await?;
         let keepalive = TcpKeepalive::new().with_time(TCP_KEEPALIVE);
         SockRef::from(&tcp)
@@ -125,6 +184,16 @@ impl Upstream {
                 addr: self.addr,
                 source,
             })?;
+        Ok((tcp, local))
+    }
+
+    fn checkin(&self, conn: Conn) -> Checkin {
+        Checkin::new(self.idle.clone(), conn)
+    }
+
+    /// A new HTTP/1.1 connection, driven by a task of its own.
+    async fn dial_http1(&self) -> Result<Conn, UpstreamError> {
+        let (tcp, local) = self.dial_keepalive().await?;
         let (sender, conn) = http1_builder()
             .handshake(TokioIo::new(tcp))
             .await

@@ -667,3 +667,82 @@ async fn connect_reaches_the_app_with_its_target_and_a_2xx_becomes_a_tunnel() {
         .unwrap();
     assert_eq!(&echo, b"ping");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_framing_of_an_app_answer_reaches_the_client_whole() {
+    // Answers written byte by byte as an app may write them, on keep-alive
+    // connections: one is reused until an answer says it may not be (bytes
+    // after the body; `Connection: close`, whose body lasts until the close).
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    let port = raw_app(move |mut s| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            while let Some(head) = read_head(&mut s).await {
+                let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                let answer: &[u8] = match path.as_str() {
+                    "/chunks" => {
+                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n\
+                          3;ext=1\r\nhel\r\n2\r\nlo\r\n0\r\nX-Sum: 5\r\n\r\n"
+                    }
+                    "/early" => {
+                        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
+                          HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+                    }
+                    "/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloXX",
+                    "/close" => b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello",
+                    "/short" => b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello",
+                    _ => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+                };
+                if s.write_all(answer).await.is_err()
+                    || matches!(path.as_str(), "/close" | "/short")
+                {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+
+    for (path, connections) in [
+        ("/length", 1),
+        ("/chunks", 1),
+        ("/early", 1),
+        ("/extra", 1),
+        ("/length", 2),
+        ("/close", 2),
+        ("/length", 3),
+    ] {
+        let res = h1(qp.main, get(path, &[("te", "trailers")])).await;
+        assert_eq!(res.status(), 200, "{path}");
+        assert!(
+            !res.headers().contains_key("link"),
+            "{path}: a 1xx head leaked"
+        );
+        let collected = within("the body", res.into_body().collect()).await.unwrap();
+        let trailers = collected.trailers().cloned();
+        assert_eq!(collected.to_bytes(), "hello", "{path}");
+        if path == "/chunks" {
+            assert_eq!(trailers.unwrap()["x-sum"], "5");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), connections, "after {path}");
+    }
+
+    // A body cut short: the client's connection is cut too, before a
+    // whole answer.
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET /short HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    within("the close", client.read_to_end(&mut got))
+        .await
+        .unwrap();
+    let body = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |end| got.len() - end - 4);
+    assert!(body < 10, "{:?}", String::from_utf8_lossy(&got));
+}

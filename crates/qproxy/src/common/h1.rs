@@ -1,0 +1,871 @@
+//! qproxy's own HTTP/1.1 client to the user container, for the requests
+//! that make most traffic: those without a body, that ask for no upgrade.
+//!
+//! hyper's client connection runs as a task of its own and takes each
+//! request through a channel; its buffers stay with the connection while
+//! it is idle. Here the request's own task writes the request head in one
+//! write, reads the response head into a buffer the size of what came,
+//! and the response body ([`AppBody`]) reads the rest from the socket
+//! itself; an idle connection ([`AppConn`]) is a bare socket. The rules
+//! are hyper's (and so what the app saw before): the head's header names
+//! in title case, `100`-`199` answers but `101` skipped, the body framed
+//! by the response's status, the request's method, `Transfer-Encoding`
+//! and `Content-Length` (RFC 9112 §6.3), a connection reused only when
+//! the response said nothing against it and was read whole with nothing
+//! after it. A response head that is not HTTP fails with hyper's words for
+//! it, which the proxy wraps in Go's transport's text.
+//!
+//! Requests with a body, upgrades and `CONNECT` go through hyper, whose
+//! connections are kept apart from these.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
+use http_body::{Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::body::RequestBody;
+use super::keep_alive::{Idle, Pooled};
+use super::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+
+/// Header lines parsed on the stack; a head with more is parsed again
+/// with room for [`MAX_HEADER_FIELDS`].
+const STACK_HEADERS: usize = 64;
+/// The first read of a response: most heads, and small bodies, fit.
+const FIRST_READ: usize = 4096;
+/// The smallest and largest reads of a body: a read that fills the room
+/// it was given doubles the next one.
+const BODY_READ_MIN: usize = 8 * 1024;
+const BODY_READ_MAX: usize = 256 * 1024;
+/// Most bytes a chunk-size line or the trailers of a chunked body may
+/// take before the body is refused.
+const CHUNK_LINE_MAX: usize = 16 * 1024;
+
+/// An HTTP/1.1 connection to the app that qproxy speaks itself.
+#[derive(Debug)]
+pub(crate) struct AppConn {
+    tcp: TcpStream,
+    /// Our end, for error texts.
+    local: SocketAddr,
+}
+
+impl AppConn {
+    /// A connection just made, whose end is `local`.
+    pub(crate) fn new(tcp: TcpStream, local: SocketAddr) -> Self {
+        Self { tcp, local }
+    }
+
+    /// Our end of it.
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+/// Why no response head came back for a request.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExchangeError {
+    /// The connection failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The app closed the connection before a whole response head.
+    #[error("EOF")]
+    Closed,
+    /// The response head is not HTTP: hyper's words for what is wrong.
+    #[error("malformed HTTP response: {0}")]
+    Malformed(&'static str),
+}
+
+impl Pooled for AppConn {
+    /// An idle connection the app has closed (or written to unasked) reads
+    /// something; an open one would block. Costs no system call unless the
+    /// socket turned readable since it was last read dry.
+    fn is_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.tcp.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+/// Writes the head of `req` (an HTTP/1.1 request without a body, its
+/// target in origin form, `Host` set) as hyper writes it: header names in
+/// title case, as Go's transport writes them, in the map's order.
+pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
+    dst.extend_from_slice(req.method().as_str().as_bytes());
+    dst.push(b' ');
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    dst.extend_from_slice(target.as_bytes());
+    dst.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        // A request without a body has no transfer coding (hyper drops it).
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        let mut after_dash = true;
+        for &c in name.as_str().as_bytes() {
+            dst.push(if after_dash {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            });
+            after_dash = c == b'-';
+        }
+        dst.extend_from_slice(b": ");
+        dst.extend_from_slice(value.as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// A response head read from the app, and how its body is framed.
+#[derive(Debug)]
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// How a response body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// After this many more bytes.
+    Length(u64),
+    /// At its last chunk (and trailers).
+    Chunked(Chunk),
+    /// When the app closes the connection.
+    Eof,
+}
+
+/// Where a chunked body's reading is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of a chunk's data are left.
+    Data(u64),
+    /// The CRLF after a chunk's data is next.
+    DataEnd,
+    /// The trailers after the last chunk are next.
+    Trailers,
+}
+
+/// Sends `head` (from [`encode`]) on `conn` and reads the response's head;
+/// what came after the head stays in `buf`. `method` frames the body.
+pub(crate) async fn exchange(
+    conn: &mut AppConn,
+    head: &[u8],
+    method: &Method,
+    buf: &mut BytesMut,
+) -> Result<Head, ExchangeError> {
+    conn.tcp.write_all(head).await?;
+    loop {
+        if !buf.is_empty() {
+            match parse(buf, method)? {
+                Parsed::Final(head) => return Ok(head),
+                // Informational answers are skipped, as hyper skips them.
+                Parsed::Informational => continue,
+                Parsed::Partial => {}
+            }
+        }
+        if buf.len() >= MAX_RESPONSE_HEADER_BYTES {
+            return Err(ExchangeError::Malformed("message head is too large"));
+        }
+        if buf.capacity() - buf.len() < FIRST_READ / 4 {
+            buf.reserve(buf.len().max(FIRST_READ));
+        }
+        if conn.tcp.read_buf(buf).await? == 0 {
+            return Err(ExchangeError::Closed);
+        }
+    }
+}
+
+/// What [`parse`] found in the bytes read so far.
+enum Parsed {
+    /// The final response's head, taken from the buffer.
+    Final(Head),
+    /// A `1xx` head, taken from the buffer and dropped.
+    Informational,
+    /// Not a whole head yet.
+    Partial,
+}
+
+fn malformed(what: &'static str) -> ExchangeError {
+    ExchangeError::Malformed(what)
+}
+
+/// hyper's words for what `httparse` refused.
+fn parse_error(e: httparse::Error) -> ExchangeError {
+    malformed(match e {
+        httparse::Error::Status => "invalid HTTP status-code parsed",
+        httparse::Error::TooManyHeaders => "message head is too large",
+        httparse::Error::Version => "invalid HTTP version parsed",
+        httparse::Error::HeaderName
+        | httparse::Error::HeaderValue
+        | httparse::Error::NewLine
+        | httparse::Error::Token => "invalid HTTP header parsed",
+    })
+}
+
+/// Byte ranges of a header line's name and value within the head.
+type Line = (usize, usize, usize, usize);
+
+/// Parses a response head at the start of `buf`, taking it from `buf`
+/// when whole.
+fn parse(buf: &mut BytesMut, method: &Method) -> Result<Parsed, ExchangeError> {
+    let mut stack = [(0, 0, 0, 0); STACK_HEADERS];
+    let mut heap = Vec::new();
+    let (len, code, version, count) = match lines(buf, &mut stack) {
+        Err(httparse::Error::TooManyHeaders) => {
+            heap.resize(MAX_HEADER_FIELDS, (0, 0, 0, 0));
+            lines(buf, &mut heap)
+        }
+        other => other,
+    }
+    .map_err(parse_error)?
+    .map_or((0, 0, 0, 0), |h| h);
+    if len == 0 {
+        return Ok(Parsed::Partial);
+    }
+    let lines = if heap.is_empty() {
+        &stack[..]
+    } else {
+        &heap[..]
+    };
+    let status = StatusCode::from_u16(code).map_err(|_| parse_error(httparse::Error::Status))?;
+    let head = buf.split_to(len).freeze();
+    if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(Parsed::Informational);
+    }
+    let version = if version == 1 {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    };
+    let mut keep_alive = version == Version::HTTP_11;
+    let mut headers = HeaderMap::with_capacity(count);
+    let mut close = false;
+    for &(n0, n1, v0, v1) in &lines[..count] {
+        let invalid = || parse_error(httparse::Error::HeaderValue);
+        let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| invalid())?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| invalid())?;
+        if name == CONNECTION {
+            if close || has_token(&value, "close") {
+                close = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = has_token(&value, "keep-alive");
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = framing(status, method, version, &headers)?;
+    Ok(Parsed::Final(Head {
+        status,
+        version,
+        headers,
+        framing,
+        // An upgraded connection is the upgrade's; this one is not reused.
+        keep_alive: keep_alive && status != StatusCode::SWITCHING_PROTOCOLS,
+    }))
+}
+
+/// Runs `httparse` over `buf`, noting each header line's ranges in
+/// `lines`: the head's length, status code, minor version and number of
+/// header lines, or `None` while the head is partial.
+fn lines(
+    buf: &[u8],
+    lines: &mut [Line],
+) -> Result<Option<(usize, u16, u8, usize)>, httparse::Error> {
+    if lines.len() <= STACK_HEADERS {
+        let mut headers = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        run(buf, &mut headers[..lines.len()], lines)
+    } else {
+        run(buf, &mut vec![httparse::EMPTY_HEADER; lines.len()], lines)
+    }
+}
+
+fn run<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+    lines: &mut [Line],
+) -> Result<Option<(usize, u16, u8, usize)>, httparse::Error> {
+    let mut res = httparse::Response::new(headers);
+    let len = match res.parse(buf)? {
+        httparse::Status::Complete(len) => len,
+        httparse::Status::Partial => return Ok(None),
+    };
+    let base = buf.as_ptr() as usize;
+    for (line, h) in lines.iter_mut().zip(res.headers.iter()) {
+        let n0 = h.name.as_ptr() as usize - base;
+        let v0 = h.value.as_ptr() as usize - base;
+        *line = (n0, n0 + h.name.len(), v0, v0 + h.value.len());
+    }
+    Ok(Some((
+        len,
+        res.code.unwrap_or(0),
+        res.version.unwrap_or(0),
+        res.headers.len(),
+    )))
+}
+
+/// Whether a `Connection` value lists `token`.
+fn has_token(value: &HeaderValue, token: &str) -> bool {
+    value
+        .to_str()
+        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+/// How the body of a response is framed (RFC 9112 §6.3, as hyper reads
+/// it).
+fn framing(
+    status: StatusCode,
+    method: &Method,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<Framing, ExchangeError> {
+    if matches!(status.as_u16(), 101 | 204 | 304) || method == Method::HEAD {
+        return Ok(Framing::Length(0));
+    }
+    if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+        if version == Version::HTTP_10 {
+            return Err(malformed("unexpected transfer-encoding parsed"));
+        }
+        let chunked = last
+            .to_str()
+            .ok()
+            .and_then(|s| s.rsplit(',').next())
+            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+        return Ok(if chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::Eof
+        });
+    }
+    if !headers.contains_key(CONTENT_LENGTH) {
+        return Ok(Framing::Eof);
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        let invalid = || malformed("invalid content-length parsed");
+        let text = value.to_str().map_err(|_| invalid())?;
+        for part in text.split(',') {
+            let n = digits(part.trim()).ok_or_else(invalid)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(invalid());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(Framing::Length(length.unwrap_or(0)))
+}
+
+/// A decimal number of ASCII digits only (no sign), as hyper reads a
+/// `Content-Length`.
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Why a response body could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// The connection failed.
+    #[error("reading the app's response body: {0}")]
+    Io(#[from] io::Error),
+    /// The app closed the connection before the body's end.
+    #[error("the app closed the connection before the response body ended")]
+    Incomplete,
+    /// The chunked body or its trailers are not HTTP.
+    #[error("invalid chunked response body: {0}")]
+    Chunked(&'static str),
+}
+
+/// A response body read from an [`AppConn`], which goes back to `idle`
+/// once the body has been read to its end, if it may be reused.
+#[derive(Debug)]
+pub(crate) struct AppBody {
+    /// The connection, until the body has ended.
+    conn: Option<AppConn>,
+    /// Where the connection goes back, when it may be reused.
+    idle: Option<Arc<Idle<AppConn>>>,
+    /// Bytes read and not yet passed on.
+    buf: BytesMut,
+    framing: Framing,
+    /// The room the next read is given.
+    read: usize,
+}
+
+impl AppBody {
+    /// The body of `head`, read over `conn` (with `buf`, what came after
+    /// the head); an empty body gives the connection back at once.
+    pub(crate) fn new(conn: AppConn, head: &Head, buf: BytesMut, idle: Arc<Idle<AppConn>>) -> Self {
+        let mut body = AppBody {
+            conn: Some(conn),
+            idle: head.keep_alive.then_some(idle),
+            buf,
+            framing: head.framing,
+            read: BODY_READ_MIN,
+        };
+        if body.framing == Framing::Length(0) {
+            body.finish();
+        }
+        body
+    }
+
+    /// The body has ended: its connection goes back when it may be reused
+    /// and nothing came after the body.
+    fn finish(&mut self) {
+        let conn = self.conn.take();
+        if let (Some(conn), Some(idle)) = (conn, self.idle.take())
+            && self.buf.is_empty()
+        {
+            idle.put(conn);
+        }
+        self.buf = BytesMut::new();
+    }
+
+    /// Reads more of the body into `buf`; `Ok(false)` at the connection's
+    /// end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, want: u64) -> Poll<Result<bool, BodyError>> {
+        let Some(conn) = &self.conn else {
+            return Poll::Ready(Ok(false));
+        };
+        let room = usize::try_from(want)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.read);
+        if self.buf.capacity() - self.buf.len() < room {
+            self.buf.reserve(room);
+        }
+        loop {
+            ready!(conn.tcp.poll_read_ready(cx))?;
+            match conn.tcp.try_read_buf(&mut self.buf) {
+                Ok(0) => return Poll::Ready(Ok(false)),
+                Ok(n) => {
+                    if n >= self.read {
+                        self.read = (self.read * 2).min(BODY_READ_MAX);
+                    }
+                    return Poll::Ready(Ok(true));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    /// Up to `max` bytes of data from `buf`.
+    fn data(&mut self, max: u64) -> Bytes {
+        let n = usize::try_from(max)
+            .unwrap_or(usize::MAX)
+            .min(self.buf.len());
+        self.buf.split_to(n).freeze()
+    }
+
+    fn poll_chunked(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        loop {
+            let Framing::Chunked(state) = self.framing else {
+                return Poll::Ready(None);
+            };
+            let step = match state {
+                Chunk::Size => match httparse::parse_chunk_size(&self.buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        self.buf.advance(used);
+                        Some(if size == 0 {
+                            Chunk::Trailers
+                        } else {
+                            Chunk::Data(size)
+                        })
+                    }
+                    Ok(httparse::Status::Partial) if self.buf.len() > CHUNK_LINE_MAX => {
+                        return Poll::Ready(Some(Err(BodyError::Chunked(
+                            "chunk size line too long",
+                        ))));
+                    }
+                    Ok(httparse::Status::Partial) => None,
+                    Err(_) => {
+                        return Poll::Ready(Some(Err(BodyError::Chunked("invalid chunk size"))));
+                    }
+                },
+                Chunk::Data(left) if !self.buf.is_empty() => {
+                    let data = self.data(left);
+                    let left = left - data.len() as u64;
+                    self.framing = Framing::Chunked(if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    });
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Chunk::Data(_) => None,
+                Chunk::DataEnd if self.buf.len() >= 2 => {
+                    if &self.buf[..2] != b"\r\n" {
+                        return Poll::Ready(Some(Err(BodyError::Chunked(
+                            "no CRLF after chunk data",
+                        ))));
+                    }
+                    self.buf.advance(2);
+                    Some(Chunk::Size)
+                }
+                Chunk::DataEnd => None,
+                Chunk::Trailers => match self.trailers() {
+                    Ok(Some(trailers)) => {
+                        self.finish();
+                        self.framing = Framing::Length(0);
+                        return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
+                    }
+                    Ok(None) if self.buf.len() > CHUNK_LINE_MAX => {
+                        return Poll::Ready(Some(Err(BodyError::Chunked("trailers too long"))));
+                    }
+                    Ok(None) => None,
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                },
+            };
+            match step {
+                Some(next) => self.framing = Framing::Chunked(next),
+                None => {
+                    let want = match state {
+                        Chunk::Data(left) => left,
+                        _ => 1,
+                    };
+                    if !ready!(self.poll_fill(cx, want))? {
+                        return Poll::Ready(Some(Err(BodyError::Incomplete)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The trailers after the last chunk, once all of them are in `buf`:
+    /// `Some(None)` when there are none.
+    fn trailers(&mut self) -> Result<Option<Option<HeaderMap>>, BodyError> {
+        let mut lines = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        let (used, parsed) = match httparse::parse_headers(&self.buf, &mut lines) {
+            Ok(httparse::Status::Complete((used, parsed))) => (used, parsed),
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(BodyError::Chunked("invalid trailers")),
+        };
+        let mut trailers = HeaderMap::new();
+        for line in parsed {
+            let name = HeaderName::from_bytes(line.name.as_bytes());
+            let value = HeaderValue::from_bytes(line.value);
+            match (name, value) {
+                (Ok(name), Ok(value)) => {
+                    trailers.append(name, value);
+                }
+                _ => return Err(BodyError::Chunked("invalid trailers")),
+            }
+        }
+        self.buf.advance(used);
+        Ok(Some((!trailers.is_empty()).then_some(trailers)))
+    }
+}
+
+impl http_body::Body for AppBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let polled = match this.framing {
+            Framing::Length(0) => return Poll::Ready(None),
+            Framing::Length(left) => loop {
+                if !this.buf.is_empty() {
+                    let data = this.data(left);
+                    let left = left - data.len() as u64;
+                    this.framing = Framing::Length(left);
+                    if left == 0 {
+                        this.finish();
+                    }
+                    break Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                match ready!(this.poll_fill(cx, left)) {
+                    Ok(true) => {}
+                    Ok(false) => break Poll::Ready(Some(Err(BodyError::Incomplete))),
+                    Err(e) => break Poll::Ready(Some(Err(e))),
+                }
+            },
+            Framing::Eof => loop {
+                if !this.buf.is_empty() {
+                    let data = this.data(u64::MAX);
+                    break Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                match ready!(this.poll_fill(cx, u64::MAX)) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // The end of a body that lasts until the app closes.
+                        this.idle = None;
+                        this.finish();
+                        this.framing = Framing::Length(0);
+                        break Poll::Ready(None);
+                    }
+                    Err(e) => break Poll::Ready(Some(Err(e))),
+                }
+            },
+            Framing::Chunked(_) => this.poll_chunked(cx),
+        };
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            // A body that failed ends here; its connection is closed.
+            this.idle = None;
+            this.finish();
+            this.framing = Framing::Length(0);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing == Framing::Length(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// What [`read_answer`] made of an app's answer.
+#[cfg(feature = "fuzzing")]
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) data: usize,
+    pub(crate) trailers: usize,
+    pub(crate) complete: bool,
+}
+
+/// Reads `bytes`, all an app wrote before closing, as the answer to a
+/// request (`HEAD` when `head`), as the main port reads one: its head,
+/// then its body to the end or the first failure. `Err` when the head is
+/// refused (the `502` text).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn read_answer(bytes: &[u8], head: bool) -> Result<Answer, String> {
+    use http_body::Body as _;
+
+    let method = if head { Method::HEAD } else { Method::GET };
+    let mut buf = BytesMut::from(bytes);
+    let parsed = loop {
+        match parse(&mut buf, &method).map_err(|e| e.to_string())? {
+            Parsed::Final(parsed) => break parsed,
+            Parsed::Informational => {}
+            Parsed::Partial => return Err(ExchangeError::Closed.to_string()),
+        }
+    };
+    let mut body = AppBody {
+        conn: None,
+        idle: None,
+        buf,
+        framing: parsed.framing,
+        read: BODY_READ_MIN,
+    };
+    let mut answer = Answer {
+        status: parsed.status.as_u16(),
+        data: 0,
+        trailers: 0,
+        complete: false,
+    };
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => answer.data += data.len(),
+                Err(frame) => answer.trailers += frame.into_trailers().map_or(0, |t| t.len()),
+            },
+            Poll::Ready(None) => {
+                answer.complete = true;
+                return Ok(answer);
+            }
+            // Without a connection, a body that needs more fails: nothing
+            // waits.
+            Poll::Ready(Some(Err(_))) | Poll::Pending => return Ok(answer),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<RequestBody> {
+        let mut req = Request::new(RequestBody::Empty);
+        *req.method_mut() = method;
+        *req.uri_mut() = path.parse().unwrap();
+        for (k, v) in headers {
+            req.headers_mut().append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        req
+    }
+
+    #[test]
+    fn a_head_is_written_as_hyper_writes_it() {
+        let req = request(
+            Method::GET,
+            "/a?b=c",
+            &[
+                ("host", "example.com"),
+                ("x-forwarded-for", "1.2.3.4"),
+                ("accept", "*/*"),
+                ("x-forwarded-for", "5.6.7.8"),
+                ("transfer-encoding", "chunked"),
+            ],
+        );
+        let mut head = Vec::new();
+        encode(&req, &mut head);
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "GET /a?b=c HTTP/1.1\r\nHost: example.com\r\nX-Forwarded-For: 1.2.3.4\r\n\
+             X-Forwarded-For: 5.6.7.8\r\nAccept: */*\r\n\r\n"
+        );
+    }
+
+    fn parsed(bytes: &[u8], method: &Method) -> Result<(Head, BytesMut), String> {
+        let mut buf = BytesMut::from(bytes);
+        loop {
+            match parse(&mut buf, method).map_err(|e| e.to_string())? {
+                Parsed::Final(head) => return Ok((head, buf)),
+                Parsed::Informational => {}
+                Parsed::Partial => return Err("partial".into()),
+            }
+        }
+    }
+
+    #[test]
+    fn framing_follows_status_method_and_headers() {
+        let get = Method::GET;
+        let frame = |b: &[u8], m: &Method| parsed(b, m).map(|(h, _)| (h.framing, h.keep_alive));
+        assert_eq!(
+            frame(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", &get),
+            Ok((Framing::Length(5), true))
+        );
+        assert_eq!(
+            frame(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                &Method::HEAD
+            ),
+            Ok((Framing::Length(0), true))
+        );
+        assert_eq!(
+            frame(b"HTTP/1.1 204 No Content\r\n\r\n", &get),
+            Ok((Framing::Length(0), true))
+        );
+        assert_eq!(
+            frame(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                &get
+            ),
+            Ok((Framing::Chunked(Chunk::Size), true))
+        );
+        assert_eq!(
+            frame(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", &get),
+            Ok((Framing::Eof, true))
+        );
+        assert_eq!(
+            frame(b"HTTP/1.1 200 OK\r\n\r\n", &get),
+            Ok((Framing::Eof, true))
+        );
+        assert_eq!(
+            frame(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\nContent-Length: 3\r\n\r\n",
+                &get
+            ),
+            Ok((Framing::Length(3), true))
+        );
+        assert_eq!(
+            frame(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", &get),
+            Ok((Framing::Length(1), false))
+        );
+        assert_eq!(
+            frame(
+                b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 1\r\n\r\n",
+                &get
+            ),
+            Ok((Framing::Length(1), true))
+        );
+        assert_eq!(
+            frame(
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n",
+                &get
+            ),
+            Ok((Framing::Eof, false))
+        );
+    }
+
+    #[test]
+    fn informational_answers_are_skipped() {
+        let (head, rest) = parsed(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
+              HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+            &Method::GET,
+        )
+        .unwrap();
+        assert_eq!(head.status, StatusCode::OK);
+        assert!(!head.headers.contains_key("link"));
+        assert_eq!(&rest[..], b"hi");
+    }
+
+    #[test]
+    fn bad_heads_fail_with_hyper_s_words() {
+        let get = Method::GET;
+        let fail = |b: &[u8]| parsed(b, &get).unwrap_err();
+        let prefix = "malformed HTTP response: ";
+        for (bytes, what) in [
+            (
+                &b"HTTP/1.1 20 OK\r\n\r\n"[..],
+                "invalid HTTP status-code parsed",
+            ),
+            (b"HTTP/1.1 099 X\r\n\r\n", "invalid HTTP status-code parsed"),
+            (b"HTTP/2.0 200 OK\r\n\r\n", "invalid HTTP version parsed"),
+            (
+                b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n",
+                "invalid HTTP header parsed",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "invalid content-length parsed",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: +1\r\n\r\n",
+                "invalid content-length parsed",
+            ),
+            (
+                b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "unexpected transfer-encoding parsed",
+            ),
+        ] {
+            assert_eq!(fail(bytes), format!("{prefix}{what}"), "{bytes:?}");
+        }
+        let many: String = (0..=MAX_HEADER_FIELDS)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
+        let head = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        assert_eq!(
+            fail(head.as_bytes()),
+            format!("{prefix}message head is too large")
+        );
+        let some: String = (0..MAX_HEADER_FIELDS - 1)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
+        let head = format!("HTTP/1.1 200 OK\r\n{some}\r\n");
+        assert_eq!(
+            parsed(head.as_bytes(), &get).unwrap().0.headers.len(),
+            MAX_HEADER_FIELDS - 1
+        );
+    }
+}

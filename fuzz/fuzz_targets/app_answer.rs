@@ -1,0 +1,33 @@
+//! qproxy's own HTTP/1.1 client reading whatever an app writes back: the
+//! response head (status line, header fields, `1xx` heads skipped), the
+//! body's framing (length, chunks and trailers, or the close) and the
+//! body itself. Input: a selector byte (its lowest bit: the request was a
+//! `HEAD`), then the app's bytes.
+//!
+//! It must never panic; a refused head is a `502` text in Go's transport's
+//! words; a body is never longer than its `Content-Length` said.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use qproxy::fuzz::app_answer;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&selector, bytes)) = data.split_first() else {
+        return;
+    };
+    let head = selector & 1 == 1;
+    match app_answer(bytes, head) {
+        Err(text) => assert!(
+            text == "EOF" || text.starts_with("malformed HTTP response: "),
+            "{text}"
+        ),
+        Ok((status, data, _, complete)) => {
+            assert!((100..=999).contains(&status));
+            if head || status == 204 || status == 304 {
+                assert_eq!(data, 0);
+                assert!(complete);
+            }
+        }
+    }
+});
