@@ -14,11 +14,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::graceful::{GracefulShutdown, Watcher};
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -28,7 +28,9 @@ use tokio_rustls::TlsAcceptor;
 use tower::{Layer, Service, service_fn};
 
 use super::Listener;
-use super::head::{HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head};
+use super::head::{
+    H2_PREFACE, HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head,
+};
 use super::rewind::Rewind;
 use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use crate::layers::server_rules::ServerRulesLayer;
@@ -40,11 +42,30 @@ const MAX_CONCURRENT_STREAMS: u32 = 250;
 /// TCP keep-alive on accepted connections (Go's default).
 const ACCEPTED_KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// How a port speaks HTTP: its HTTP/1.1 settings, and HTTP/2's when it
+/// speaks that too. Each connection is served by hyper's HTTP/1.1 or
+/// HTTP/2 connection alone, chosen by its first bytes (or by ALPN): a
+/// connection's task holds only the one it speaks.
+#[derive(Clone, Debug)]
+pub(crate) struct Protocols {
+    http1: http1::Builder,
+    http2: Option<http2::Builder<TokioExecutor>>,
+    /// ALPN chose HTTP/2: the connection speaks nothing else.
+    h2_only: bool,
+}
+
+impl Protocols {
+    /// This port's settings, for a connection that ALPN put on HTTP/2.
+    fn h2_only(mut self) -> Self {
+        self.h2_only = self.http2.is_some();
+        self
+    }
+}
+
 /// Connection settings for the main port: HTTP/1.1 and h2c.
-pub(crate) fn main_builder() -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+pub(crate) fn main_builder() -> Protocols {
+    let mut http1 = http1::Builder::new();
+    http1
         // Go's `ReadHeaderTimeout`, counted by each connection's own
         // `HeadTimer` from the head's first bytes: idle keep-alive
         // connections stay open, as with Go's server.
@@ -54,41 +75,49 @@ pub(crate) fn main_builder() -> auto::Builder<TokioExecutor> {
         .title_case_headers(true)
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADER_FIELDS);
-    go_http2(&mut builder);
-    builder
+    Protocols {
+        http1,
+        http2: Some(go_http2()),
+        h2_only: false,
+    }
 }
 
 /// Connection settings for the admin, stats and metrics ports: HTTP/1.1.
-pub(crate) fn admin_builder() -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    admin_http1(&mut builder);
-    builder
+pub(crate) fn admin_builder() -> Protocols {
+    Protocols {
+        http1: admin_http1(),
+        http2: None,
+        h2_only: false,
+    }
 }
 
 /// Connection settings for the admin port over TLS: HTTP/1.1, and HTTP/2
 /// when the client chose it.
-fn admin_tls_builder() -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    admin_http1(&mut builder);
-    go_http2(&mut builder);
-    builder
+fn admin_tls_builder() -> Protocols {
+    Protocols {
+        http1: admin_http1(),
+        http2: Some(go_http2()),
+        h2_only: false,
+    }
 }
 
 /// The small servers' HTTP/1.1: Go's head timeout and header case.
-fn admin_http1(builder: &mut auto::Builder<TokioExecutor>) {
-    builder
-        .http1()
+fn admin_http1() -> http1::Builder {
+    let mut http1 = http1::Builder::new();
+    http1
         .header_read_timeout(HEAD_TIMEOUT)
         .title_case_headers(true);
+    http1
 }
 
 /// HTTP/2 as Go's server has it: its stream and header-list limits.
-fn go_http2(builder: &mut auto::Builder<TokioExecutor>) {
-    builder
-        .http2()
+fn go_http2() -> http2::Builder<TokioExecutor> {
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .max_header_list_size(MAX_HEADER_LIST_SIZE);
+    http2
 }
 
 /// Serves connections accepted on `listener` until `stop` turns true,
@@ -99,7 +128,7 @@ fn go_http2(builder: &mut auto::Builder<TokioExecutor>) {
 /// dropped its handle) lets in-flight requests finish.
 pub(crate) async fn serve<M, S, B>(
     listener: Listener,
-    builder: auto::Builder<TokioExecutor>,
+    builder: Protocols,
     tls: Option<TlsAcceptor>,
     make: M,
     graceful: Arc<GracefulShutdown>,
@@ -155,11 +184,7 @@ pub(crate) async fn serve<M, S, B>(
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
                     if let Some(tls) = handshake(stream, &acceptor, head_timeout, conn).await {
-                        let builder = if tls.h2 {
-                            builder.http2_only()
-                        } else {
-                            builder
-                        };
+                        let builder = if tls.h2 { builder.h2_only() } else { builder };
                         connection(tls.stream, tls.clock, builder, service, watcher, conn).await;
                     }
                 });
@@ -252,7 +277,7 @@ where
 pub(super) async fn connection<IO, S, B>(
     mut io: IO,
     clock: Arc<HeadClock>,
-    mut builder: auto::Builder<TokioExecutor>,
+    builder: Protocols,
     service: S,
     watcher: Watcher,
     conn: Conn,
@@ -265,20 +290,28 @@ pub(super) async fn connection<IO, S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    builder.http1().timer(HeadTimer(clock.clone()));
     let serve = async {
         let Ok(ahead) = read_first_head(&mut io).await else {
             return;
         };
+        let h2 = match &builder.http2 {
+            Some(http2) if builder.h2_only || ahead.starts_with(H2_PREFACE) => Some(http2),
+            _ => None,
+        };
         let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
-        // hyper-util ignores `http2_only` when serving upgrades, which
-        // HTTP/2 does not have.
-        let served = if builder.is_http1_available() {
-            watcher
-                .watch(builder.serve_connection_with_upgrades(io, service))
-                .await
-        } else {
-            watcher.watch(builder.serve_connection(io, service)).await
+        let served = match h2 {
+            // HTTP/2's connection state is large and rare here: boxed, so
+            // that HTTP/1.1 connections do not carry its room.
+            Some(http2) => {
+                let served = Box::pin(watcher.watch(http2.serve_connection(io, service)));
+                served.await
+            }
+            None => {
+                let mut http1 = builder.http1.clone();
+                http1.timer(HeadTimer(clock.clone()));
+                let served = http1.serve_connection(io, service).with_upgrades();
+                watcher.watch(served).await
+            }
         };
         if let Err(e) = served {
             tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
@@ -356,7 +389,6 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    use super::super::head::H2_PREFACE;
     use http_body_util::Empty;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
     use tokio::time::{Instant, sleep, timeout};
@@ -377,7 +409,7 @@ mod tests {
     /// A connection served as `serve` serves it, with an app that answers
     /// 200 to everything, over an in-memory stream; and the graceful
     /// shutdown it is tracked by.
-    fn connect(builder: auto::Builder<TokioExecutor>) -> (DuplexStream, GracefulShutdown) {
+    fn connect(builder: Protocols) -> (DuplexStream, GracefulShutdown) {
         let (client, server) = tokio::io::duplex(1 << 16);
         let graceful = GracefulShutdown::new();
         tokio::spawn(connection(

@@ -9,6 +9,7 @@
 //! (`Running::shut_down`).
 
 mod conn;
+mod graceful;
 mod head;
 mod listener;
 mod rewind;
@@ -18,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
-use hyper_util::server::graceful::GracefulShutdown;
+use graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
