@@ -6,7 +6,7 @@
 //! as Go's transport does, so that the others age out. At most `max` are
 //! kept, each for at most 90 s (Go's transport default). The stack holds
 //! either kind of connection qproxy has to the app: hyper's ([`Conn`]) and
-//! its own ([`crate::proxy::h1::AppConn`]); each says, through [`Pooled`],
+//! its own ([`super::h1::AppConn`]); each says, through [`Pooled`],
 //! whether it is still open.
 
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! connection used last, or dials one; its response body hands the
 //! connection back when the app's response has been read to its end, so
 //! that the next request, from any client connection, reuses it. Requests
-//! without a body are spoken by qproxy's own client ([`super::h1`]); those
+//! without a body are spoken by qproxy's own client ([`crate::common::h1`]); those
 //! with one by hyper's; each kind keeps its own idle connections. At most
 //! `CONTAINER_CONCURRENCY` idle connections of each kind are kept (1000
 //! when unlimited), each for at most 90 s, as Knative's transport does. A
