@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
@@ -38,9 +39,13 @@ impl TestCa {
         let issuer = Issuer::new(ca_params, ca_key);
         let (server_cert_pem, server_key_pem) = issue(&issuer, &["localhost", "127.0.0.1"]);
         let (client_cert_pem, client_key_pem) = issue(&issuer, &["qproxy"]);
+        // One directory per CA: tests of one process run at once, and each
+        // CA removes its directory when dropped.
+        static MADE: AtomicUsize = AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, Ordering::Relaxed);
         let dir = crate::target_dir()
             .join("tmp")
-            .join(format!("tls-{name}-{}", std::process::id()));
+            .join(format!("tls-{name}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ca = TestCa {
             ca_pem: ca_cert.pem(),
