@@ -28,13 +28,15 @@ pub(crate) enum Body {
 }
 
 impl Body {
-    /// The app's response body `body`, read over `checkin`'s connection;
-    /// a body that is empty from the start hands it back at once.
-    pub(crate) fn upstream(body: Incoming, mut checkin: Option<Checkin>) -> Self {
-        if http_body::Body::is_end_stream(&body) {
-            release(&mut checkin);
+    /// This body, its app connection handed back at once if the body is
+    /// empty from the start: hyper never polls a body that has ended.
+    pub(crate) fn released_if_ended(mut self) -> Self {
+        if let Body::Upstream(body, checkin) = &mut self
+            && http_body::Body::is_end_stream(body)
+        {
+            release(checkin);
         }
-        Body::Upstream(body, checkin)
+        self
     }
 
     /// An empty body.

@@ -196,13 +196,9 @@ enum Parsed {
     Partial,
 }
 
-fn malformed(what: &'static str) -> ExchangeError {
-    ExchangeError::Malformed(what)
-}
-
 /// hyper's words for what `httparse` refused.
 fn parse_error(e: httparse::Error) -> ExchangeError {
-    malformed(match e {
+    ExchangeError::Malformed(match e {
         httparse::Error::Status => "invalid HTTP status-code parsed",
         httparse::Error::TooManyHeaders => "message head is too large",
         httparse::Error::Version => "invalid HTTP version parsed",
@@ -335,7 +331,9 @@ fn framing(
     }
     if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
         if version == Version::HTTP_10 {
-            return Err(malformed("unexpected transfer-encoding parsed"));
+            return Err(ExchangeError::Malformed(
+                "unexpected transfer-encoding parsed",
+            ));
         }
         let chunked = last
             .to_str()
@@ -353,7 +351,7 @@ fn framing(
     }
     let mut length = None;
     for value in headers.get_all(CONTENT_LENGTH) {
-        let invalid = || malformed("invalid content-length parsed");
+        let invalid = || ExchangeError::Malformed("invalid content-length parsed");
         let text = value.to_str().map_err(|_| invalid())?;
         for part in text.split(',') {
             let n = digits(part.trim()).ok_or_else(invalid)?;
@@ -431,6 +429,13 @@ impl AppBody {
             idle.put(conn);
         }
         self.buf = BytesMut::new();
+        self.framing = Framing::Length(0);
+    }
+
+    /// The body has ended, and its connection may not serve another.
+    fn close(&mut self) {
+        self.idle = None;
+        self.finish();
     }
 
     /// Reads more of the body into `buf`; `Ok(false)` at the connection's
@@ -521,7 +526,6 @@ impl AppBody {
                 Chunk::Trailers => match self.trailers() {
                     Ok(Some(trailers)) => {
                         self.finish();
-                        self.framing = Framing::Length(0);
                         return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
                     }
                     Ok(None) if self.buf.len() > CHUNK_LINE_MAX => {
@@ -607,9 +611,7 @@ impl http_body::Body for AppBody {
                     Ok(true) => {}
                     Ok(false) => {
                         // The end of a body that lasts until the app closes.
-                        this.idle = None;
-                        this.finish();
-                        this.framing = Framing::Length(0);
+                        this.close();
                         break Poll::Ready(None);
                     }
                     Err(e) => break Poll::Ready(Some(Err(e))),
@@ -619,9 +621,7 @@ impl http_body::Body for AppBody {
         };
         if let Poll::Ready(Some(Err(_))) = &polled {
             // A body that failed ends here; its connection is closed.
-            this.idle = None;
-            this.finish();
-            this.framing = Framing::Length(0);
+            this.close();
         }
         polled
     }

@@ -102,24 +102,22 @@ impl Proxy {
             _ => None,
         };
 
-        let (mut res, checkin) = if h2 {
+        let mut res = if h2 {
             let req = self.h2_request(req)?;
-            (self.upstream.send_h2c(req).await?, None)
+            self.upstream
+                .send_h2c(req)
+                .await?
+                .map(|body| Body::Upstream(body, None))
         } else if client_upgrade.is_none() && http_body::Body::is_end_stream(req.body()) {
-            // The common request: qproxy's own client, which hands back
-            // a response with its body ready to stream.
+            // The common request: qproxy's own client.
             let req = self.http1_request(req)?;
-            let mut res = self.upstream.send_bodyless(&req).await?;
-            if res.status() == StatusCode::SWITCHING_PROTOCOLS {
-                let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
-                return Err(mismatch(None, offered));
-            }
-            hop::prepare_response(res.headers_mut());
-            return Ok(res);
+            self.upstream.send_bodyless(&req).await?
         } else {
             let req = self.http1_request(req)?;
             let (res, checkin) = self.upstream.send_http1(req).await?;
-            (res, Some(checkin))
+            // Not handed back before a `101` is looked at: an upgraded
+            // connection is the tunnel's.
+            res.map(|body| Body::Upstream(body, Some(checkin)))
         };
 
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -141,7 +139,7 @@ impl Proxy {
         hop::prepare_response(res.headers_mut());
         // Go's server writes the standard reason phrase, whatever the app's.
         res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
-        Ok(res.map(|body| Body::upstream(body, checkin)))
+        Ok(res.map(Body::released_if_ended))
     }
 
     /// A `CONNECT`, as Go's reverse proxy passes it: to the app with the
@@ -170,7 +168,7 @@ impl Proxy {
             res.extensions_mut().insert(tunnel);
             return Ok(res.map(|_| Body::empty()));
         }
-        Ok(res.map(|body| Body::upstream(body, None)))
+        Ok(res.map(|body| Body::Upstream(body, None)))
     }
 
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin

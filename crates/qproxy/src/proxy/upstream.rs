@@ -133,23 +133,38 @@ impl Upstream {
         let again = replayable(req);
         let method = req.method();
         // `take` passes over the idle connections the app has closed.
-        if let Some(mut conn) = self.idle_own.take() {
-            let mut buf = bytes::BytesMut::new();
-            let exchanged = h1::exchange(&mut conn, &head, method, &mut buf).await;
-            match exchanged.map_err(|e| self.exchange_error(e, &conn)) {
-                Ok(res) => return Ok(self.own_response(conn, res, buf)),
+        if let Some(conn) = self.idle_own.take() {
+            match self.exchange_on(conn, &head, method).await {
                 Err(err) if again && err.is_dropped_connection() => {
                     tracing::debug!(error = %err, "the app dropped the connection; sending again");
                 }
-                Err(err) => return Err(err),
+                answered => return answered,
             }
         }
         let (tcp, local) = self.dial_keepalive().await?;
-        let mut conn = AppConn::new(tcp, local);
-        let mut buf = bytes::BytesMut::new();
-        let exchanged = h1::exchange(&mut conn, &head, method, &mut buf).await;
-        let res = exchanged.map_err(|e| self.exchange_error(e, &conn))?;
-        Ok(self.own_response(conn, res, buf))
+        self.exchange_on(AppConn::new(tcp, local), &head, method)
+            .await
+    }
+
+    /// Sends `head` on `conn` and answers with the app's response, whose
+    /// body reads the rest and hands the connection back.
+    async fn exchange_on(
+        &self,
+        mut conn: AppConn,
+        head: &[u8],
+        method: &Method,
+    ) -> Result<Response<Body>, UpstreamError> {
+        let mut rest = bytes::BytesMut::new();
+        let parsed = match h1::exchange(&mut conn, head, method, &mut rest).await {
+            Ok(parsed) => parsed,
+            Err(err) => return Err(self.exchange_error(err, &conn)),
+        };
+        let body = AppBody::new(conn, &parsed, rest, self.idle_own.clone());
+        let mut res = Response::new(Body::App(body));
+        *res.status_mut() = parsed.status;
+        *res.version_mut() = parsed.version;
+        *res.headers_mut() = parsed.headers;
+        Ok(res)
     }
 
     /// What failed on `conn`, in Go's transport's words.
@@ -163,15 +178,6 @@ impl Upstream {
             ExchangeError::Closed => UpstreamError::Closed,
             ExchangeError::Malformed(_) => UpstreamError::Protocol(err.to_string()),
         }
-    }
-
-    fn own_response(&self, conn: AppConn, head: h1::Head, rest: bytes::BytesMut) -> Response<Body> {
-        let body = AppBody::new(conn, &head, rest, self.idle_own.clone());
-        let mut res = Response::new(Body::App(body));
-        *res.status_mut() = head.status;
-        *res.version_mut() = head.version;
-        *res.headers_mut() = head.headers;
-        res
     }
 
     /// A new connection to the app, with Knative's TCP keep-alive.
