@@ -10,8 +10,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::common::body::RequestBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tokio::sync::watch;
 
 use crate::common::Endpoint;
@@ -69,7 +69,7 @@ impl Admin {
 }
 
 impl Endpoint for Admin {
-    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
         self.answer(req)
     }
 }

@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::common::body::RequestBody;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use http::header::{CONTENT_DISPOSITION, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use pprof::protos::Message;
 
 use crate::common::Endpoint;
@@ -172,7 +172,7 @@ async fn profile(length: Duration) -> Result<Vec<u8>, ProfileError> {
 }
 
 impl Endpoint for Profiling {
-    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
         self.answer(req)
     }
 }

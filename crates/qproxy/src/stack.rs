@@ -40,8 +40,8 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::common::body::RequestBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
 use autoscaler_client::{MonotonicClock, RequestStats};
@@ -105,7 +105,7 @@ pub(crate) fn main_service(
     shared: &Shared,
     conn: Conn,
 ) -> impl Service<
-    Request<Incoming>,
+    Request<RequestBody>,
     Response = Response<MainBody>,
     Error = Infallible,
     Future: Send + 'static,

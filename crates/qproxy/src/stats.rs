@@ -10,9 +10,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::body::RequestBody;
 use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::common::body::Body;
 use crate::common::{Endpoint, metrics_route};
@@ -62,7 +62,7 @@ impl StatsEndpoint {
 }
 
 impl Endpoint for StatsEndpoint {
-    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
         std::future::ready(self.answer(&req))
     }
 }

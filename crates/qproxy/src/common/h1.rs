@@ -106,20 +106,26 @@ pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
         if name == TRANSFER_ENCODING {
             continue;
         }
-        let mut after_dash = true;
-        for &c in name.as_str().as_bytes() {
-            dst.push(if after_dash {
-                c.to_ascii_uppercase()
-            } else {
-                c
-            });
-            after_dash = c == b'-';
-        }
+        title_case(dst, name);
         dst.extend_from_slice(b": ");
         dst.extend_from_slice(value.as_bytes());
         dst.extend_from_slice(b"\r\n");
     }
     dst.extend_from_slice(b"\r\n");
+}
+
+/// Writes `name` as hyper writes header names in title case (and Go
+/// writes them): the first letter and each one after a `-` upper-cased.
+pub(crate) fn title_case(dst: &mut Vec<u8>, name: &HeaderName) {
+    let mut after_dash = true;
+    for &c in name.as_str().as_bytes() {
+        dst.push(if after_dash {
+            c.to_ascii_uppercase()
+        } else {
+            c
+        });
+        after_dash = c == b'-';
+    }
 }
 
 /// A response head read from the app, and how its body is framed.
@@ -312,7 +318,7 @@ fn run<'b>(
 }
 
 /// Whether a `Connection` value lists `token`.
-fn has_token(value: &HeaderValue, token: &str) -> bool {
+pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
     value
         .to_str()
         .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))

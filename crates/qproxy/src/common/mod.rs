@@ -18,10 +18,10 @@ pub(crate) mod tunnel;
 use std::future::Future;
 use std::net::SocketAddr;
 
+use body::RequestBody;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use body::Body;
 
@@ -50,7 +50,7 @@ pub(crate) const MAX_RESPONSE_HEADER_BYTES: usize = 2 << 20;
 /// with each request.
 pub(crate) trait Endpoint: Clone + Send + Sync + 'static {
     /// Answers `req`.
-    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send;
+    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send;
 }
 
 /// The path of the stats and the metrics endpoints.

@@ -21,8 +21,8 @@ use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
+use crate::common::body::RequestBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tokio::task::JoinHandle;
 
 use crate::common::body::Body;
@@ -237,7 +237,7 @@ impl MetricsEndpoint {
 }
 
 impl Endpoint for MetricsEndpoint {
-    fn respond(self, req: Request<Incoming>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
         std::future::ready(self.answer(&req))
     }
 }

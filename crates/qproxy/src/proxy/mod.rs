@@ -26,7 +26,6 @@ use bytes::{BufMut, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use tower::Service;
 
 use crate::common::body::{Body, RequestBody};
@@ -59,7 +58,7 @@ impl Proxy {
     }
 }
 
-impl Service<Request<Incoming>> for Proxy {
+impl Service<Request<RequestBody>> for Proxy {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
@@ -68,7 +67,7 @@ impl Service<Request<Incoming>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
             Ok(match this.forward(req).await {
@@ -80,7 +79,10 @@ impl Service<Request<Incoming>> for Proxy {
 }
 
 impl Proxy {
-    async fn forward(&self, mut req: Request<Incoming>) -> Result<Response<Body>, UpstreamError> {
+    async fn forward(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<Body>, UpstreamError> {
         let headers = req.headers_mut();
         headers.remove(KNATIVE_SERVING_REVISION);
         headers.remove(KNATIVE_SERVING_NAMESPACE);
@@ -146,7 +148,10 @@ impl Proxy {
     /// client's target; a `2xx` answer makes the two connections one tunnel
     /// (the app's bytes after its head included), anything else is an
     /// ordinary response.
-    async fn connect(&self, mut req: Request<Incoming>) -> Result<Response<Body>, UpstreamError> {
+    async fn connect(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<Body>, UpstreamError> {
         let client = hyper::upgrade::on(&mut req);
         let deadline = req.extensions().get::<TunnelDeadline>().copied();
         let (mut parts, body) = req.into_parts();
@@ -156,7 +161,7 @@ impl Proxy {
             parts.headers.insert(HOST, host);
         }
         parts.version = Version::HTTP_11;
-        let req = Request::from_parts(parts, RequestBody::from_client(body));
+        let req = Request::from_parts(parts, body);
         let mut res = self.upstream.send_connect(req).await?;
         hop::prepare_response(res.headers_mut());
         res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
@@ -174,7 +179,10 @@ impl Proxy {
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin
     /// form, keeping the client's host in `Host` (the app's address when
     /// the client sent none, as Go's transport writes it).
-    fn http1_request(&self, req: Request<Incoming>) -> Result<Request<RequestBody>, UpstreamError> {
+    fn http1_request(
+        &self,
+        req: Request<RequestBody>,
+    ) -> Result<Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let uri = std::mem::take(&mut parts.uri).into_parts();
         // The host of an absolute-form request line wins over `Host`, as in Go.
@@ -192,11 +200,11 @@ impl Proxy {
             _ => Uri::from_static("/"),
         };
         parts.version = Version::HTTP_11;
-        Ok(Request::from_parts(parts, RequestBody::from_client(body)))
+        Ok(Request::from_parts(parts, body))
     }
 
     /// An HTTP/2 request whose `:authority` is the client's host.
-    fn h2_request(&self, req: Request<Incoming>) -> Result<Request<RequestBody>, UpstreamError> {
+    fn h2_request(&self, req: Request<RequestBody>) -> Result<Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let mut uri = std::mem::take(&mut parts.uri).into_parts();
         let host = parts.headers.remove(HOST);
@@ -209,7 +217,7 @@ impl Proxy {
             });
         }
         parts.uri = http_uri(uri)?;
-        Ok(Request::from_parts(parts, RequestBody::from_client(body)))
+        Ok(Request::from_parts(parts, body))
     }
 }
 

@@ -1,11 +1,14 @@
 //! Connections: how each accepted connection is set up and served.
 //!
 //! Each accepted connection gets `TCP_NODELAY` and keep-alive, then, on a
-//! TLS port, its handshake (bounded as a request head is), then is served
-//! by hyper, which tells HTTP/1.1 from HTTP/2 by its first bytes on the
-//! main port and the TLS port (whatever ALPN said, as Knative's h2c
-//! wrapper does); the small servers speak HTTP/1.1 only, but for the
-//! admin port over TLS, which speaks HTTP/2 too, as Go's TLS servers do.
+//! TLS port, its handshake (bounded as a request head is), then is told
+//! HTTP/1.1 from HTTP/2 by its first bytes on the main port and the TLS
+//! port (whatever ALPN said, as Knative's h2c wrapper does). There,
+//! HTTP/1.1 is served by qproxy's own server ([`super::h1`]) until a
+//! request needs hyper, which then serves the connection; HTTP/2 is
+//! hyper's. The small servers speak HTTP/1.1 only, through hyper, but for
+//! the admin port over TLS, which speaks HTTP/2 too, as Go's TLS servers
+//! do.
 //! Every port bounds the time a request head may take ([`super::head`]).
 
 use std::convert::Infallible;
@@ -15,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::graceful::{GracefulShutdown, Watcher};
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
@@ -25,13 +29,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-use tower::{Layer, Service, service_fn};
+use tower::{Layer, Service, ServiceExt, service_fn};
 
 use super::Listener;
+use super::h1;
 use super::head::{
     H2_PREFACE, HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head,
 };
 use super::rewind::Rewind;
+use crate::common::body::RequestBody;
 use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use crate::layers::server_rules::ServerRulesLayer;
 
@@ -48,6 +54,9 @@ const ACCEPTED_KEEPALIVE: Duration = Duration::from_secs(15);
 /// connection's task holds only the one it speaks.
 #[derive(Clone, Debug)]
 pub(crate) struct Protocols {
+    /// Requests that qproxy's own server takes ([`super::h1`]) are served
+    /// by it; hyper's HTTP/1.1 takes the rest.
+    own_http1: bool,
     http1: http1::Builder,
     http2: Option<http2::Builder<TokioExecutor>>,
     /// ALPN chose HTTP/2: the connection speaks nothing else.
@@ -58,6 +67,15 @@ impl Protocols {
     /// This port's settings, for a connection that ALPN put on HTTP/2.
     fn h2_only(mut self) -> Self {
         self.h2_only = self.http2.is_some();
+        self
+    }
+}
+
+impl Protocols {
+    /// These settings, with hyper's HTTP/1.1 serving every request.
+    #[cfg(test)]
+    pub(super) fn hyper_only(mut self) -> Self {
+        self.own_http1 = false;
         self
     }
 }
@@ -76,6 +94,7 @@ pub(crate) fn main_builder() -> Protocols {
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADER_FIELDS);
     Protocols {
+        own_http1: true,
         http1,
         http2: Some(go_http2()),
         h2_only: false,
@@ -85,6 +104,7 @@ pub(crate) fn main_builder() -> Protocols {
 /// Connection settings for the admin, stats and metrics ports: HTTP/1.1.
 pub(crate) fn admin_builder() -> Protocols {
     Protocols {
+        own_http1: false,
         http1: admin_http1(),
         http2: None,
         h2_only: false,
@@ -95,6 +115,7 @@ pub(crate) fn admin_builder() -> Protocols {
 /// when the client chose it.
 fn admin_tls_builder() -> Protocols {
     Protocols {
+        own_http1: false,
         http1: admin_http1(),
         http2: Some(go_http2()),
         h2_only: false,
@@ -135,13 +156,12 @@ pub(crate) async fn serve<M, S, B>(
     mut stop: watch::Receiver<bool>,
 ) where
     M: Fn(Conn) -> S,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     tracing::info!(
@@ -172,7 +192,7 @@ pub(crate) async fn serve<M, S, B>(
         let conn = Conn {
             remote: SocketAddr::new(remote.ip().to_canonical(), remote.port()),
         };
-        let service = TowerToHyperService::new(make(conn));
+        let service = make(conn);
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         let head_timeout = listener.head_timeout;
         match &tls {
@@ -278,26 +298,36 @@ pub(super) async fn connection<IO, S, B>(
     mut io: IO,
     clock: Arc<HeadClock>,
     builder: Protocols,
-    service: S,
-    watcher: Watcher,
+    mut service: S,
+    mut watcher: Watcher,
     conn: Conn,
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let serve = async {
-        let Ok(ahead) = read_first_head(&mut io).await else {
+        let Ok(mut ahead) = read_first_head(&mut io).await else {
             return;
         };
         let h2 = match &builder.http2 {
             Some(http2) if builder.h2_only || ahead.starts_with(H2_PREFACE) => Some(http2),
             _ => None,
         };
+        if h2.is_none() && builder.own_http1 {
+            match h1::serve(&mut io, ahead, &clock, &mut service, &mut watcher).await {
+                h1::Served::Closed => return,
+                h1::Served::HandOff(rest) => ahead = rest,
+            }
+        }
+        let service = TowerToHyperService::new(
+            service.map_request(|req: Request<Incoming>| req.map(RequestBody::from_client)),
+        );
         let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
         let served = match h2 {
             // HTTP/2's connection state is large and rare here: boxed, so
@@ -402,7 +432,7 @@ mod tests {
     };
 
     /// An app that answers 200 to everything.
-    async fn ok(_: Request<Incoming>) -> Result<Response<Empty<bytes::Bytes>>, Infallible> {
+    async fn ok(_: Request<RequestBody>) -> Result<Response<Empty<bytes::Bytes>>, Infallible> {
         Ok(Response::new(Empty::new()))
     }
 
@@ -416,7 +446,7 @@ mod tests {
             server,
             HeadClock::new(HEAD_TIMEOUT),
             builder,
-            TowerToHyperService::new(service_fn(ok)),
+            service_fn(ok),
             graceful.watcher(),
             CLIENT,
         ));
@@ -430,7 +460,7 @@ mod tests {
         let acceptor = TlsAcceptor::from(ca.server_config(false));
         let (client, server) = tokio::io::duplex(1 << 16);
         let graceful = GracefulShutdown::new();
-        let (service, watcher) = (TowerToHyperService::new(service_fn(ok)), graceful.watcher());
+        let (service, watcher) = (service_fn(ok), graceful.watcher());
         tokio::spawn(async move {
             if let Some(tls) = handshake(server, &acceptor, HEAD_TIMEOUT, CLIENT).await {
                 connection(

@@ -57,6 +57,16 @@ pub(crate) struct Watcher {
 }
 
 impl Watcher {
+    /// Whether the connection has been asked to finish.
+    pub(crate) fn is_stopping(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Resolves once the connection is asked to finish.
+    pub(crate) async fn stopping(&mut self) {
+        let _ = self.rx.wait_for(|stop| *stop).await;
+    }
+
     /// Serves `conn` to its end, shutting it down gracefully once asked.
     pub(crate) async fn watch<C: Graceful>(mut self, conn: C) -> C::Output {
         let mut conn = pin!(conn);

@@ -16,7 +16,9 @@
 //!   connection's task races [`first_head`], a deadline [`HEAD_TIMEOUT`]
 //!   after accept (on current Knative's metrics port,
 //!   [`CURRENT_METRICS_HEAD_TIMEOUT`]);
-//! - for every later head, hyper's header timeout runs on a [`HeadTimer`],
+//! - for every later head qproxy's own server ([`super::h1`]) reads, a
+//!   deadline from the head's first bytes;
+//! - for every later head hyper reads, its header timeout runs on a [`HeadTimer`],
 //!   whose sleeps start counting only once [`Watched`], the connection's
 //!   I/O, sees the head's first bytes arrive.
 //!
@@ -132,6 +134,17 @@ impl HeadClock {
             awaiting: AtomicBool::new(false),
             started: AtomicU64::new(0),
         })
+    }
+
+    /// How long each head may take.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Notes that the connection's first head has been read, by qproxy's
+    /// own server ([`super::h1`]).
+    pub(super) fn first_read(&self) {
+        self.first_done.store(true, Ordering::Relaxed);
     }
 
     fn first_done(&self) -> bool {

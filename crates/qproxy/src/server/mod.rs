@@ -10,6 +10,7 @@
 
 mod conn;
 mod graceful;
+mod h1;
 mod head;
 mod listener;
 mod rewind;
@@ -159,8 +160,7 @@ impl MainPort {
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
         let conn = crate::common::Conn { remote };
-        let service =
-            hyper_util::service::TowerToHyperService::new(stack::main_service(&self.shared, conn));
+        let service = stack::main_service(&self.shared, conn);
         conn::connection(
             io,
             head::HeadClock::new(head::HEAD_TIMEOUT),

@@ -1,0 +1,1147 @@
+//! qproxy's own HTTP/1.1 server, for the requests that make most traffic:
+//! HTTP/1.1 requests without a body that ask for no upgrade.
+//!
+//! hyper's HTTP/1.1 server keeps a dispatcher, a read buffer and a write
+//! buffer for each connection, and takes each request through its service
+//! adapter. Here the connection's task reads a request head into a buffer
+//! the size of what came, parses it with `httparse` (hyper's parser) into
+//! a request whose header values share that buffer, calls the port's
+//! service, and writes the response head and the first bytes of its body
+//! in one write. Between requests a connection holds no buffer at all.
+//!
+//! The rules are hyper's, so that clients see what they saw before:
+//! - a request is read as hyper reads it; `Connection: close` ends the
+//!   connection after the response;
+//! - the response head is written as hyper writes it: header names in
+//!   title case, the standard reason phrase, `Content-Length` or chunks
+//!   from the body's size, `Transfer-Encoding`, `Connection` and `Trailer`
+//!   values joined on one line, `Content-Length: 0` for an empty body, a
+//!   `Date` when the response has none, `Connection: close` when the
+//!   connection is to close;
+//! - while a request is served the client's side is watched: a client
+//!   that closes its end abandons its request, which is dropped;
+//! - a head's first bytes start its clock ([`super::head`]); a graceful
+//!   shutdown closes an idle connection and lets one in flight finish,
+//!   with `Connection: close`.
+//!
+//! Anything else (a request with a body, `HEAD` with its peculiar
+//! lengths aside, an upgrade, `CONNECT`, HTTP/1.0, a `TE` header, a head
+//! this module does not take whole, one that is not HTTP) is handed to
+//! hyper with the bytes read so far, and hyper serves the connection from
+//! then on: its answers to bad requests (`400`, `414`, `431`) are the
+//! ones clients have always had.
+
+use std::cell::RefCell;
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::io::{self, IoSlice, Write};
+use std::mem::MaybeUninit;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, ready};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, DATE, Entry, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
+use http_body::Body as HttpBody;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+use tower::Service;
+
+use super::graceful::Watcher;
+use super::head::HeadClock;
+use crate::common::body::RequestBody;
+use crate::common::h1::{has_token, title_case};
+
+/// Header lines a head served here may have; one with more goes to hyper.
+const STACK_HEADERS: usize = 64;
+/// Most bytes one read takes from the client.
+const READ_CHUNK: usize = 4096;
+/// Longest head served here; a longer one goes to hyper, which refuses
+/// those over Go's limit.
+const MAX_HEAD: usize = 16 * 1024;
+/// hyper's longest request target: a longer one is hyper's `414`.
+const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
+/// Data frames up to this size are copied after the head; larger ones
+/// are written from where they are.
+const COPY_MAX: usize = 16 * 1024;
+/// Bytes queued before they are written, even if the body has more ready.
+const WRITE_AT: usize = 64 * 1024;
+
+/// How a connection served here ended.
+#[derive(Debug)]
+pub(super) enum Served {
+    /// It is closed, or is to be.
+    Closed,
+    /// Its next request is hyper's, and so is the connection from now on:
+    /// these bytes, read already, come first.
+    HandOff(Bytes),
+}
+
+/// Serves requests on `io`, whose first bytes `first` have been read,
+/// until the connection ends or a request is one for hyper.
+pub(super) async fn serve<IO, S, B>(
+    io: &mut IO,
+    first: Bytes,
+    clock: &HeadClock,
+    service: &mut S,
+    watcher: &mut Watcher,
+) -> Served
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut pending = first
+        .try_into_mut()
+        .unwrap_or_else(|first| BytesMut::from(&first[..]));
+    // hyper reuses the last response's header map for the next request.
+    let mut spare = HeaderMap::new();
+    // The write buffer, kept between requests while it is small.
+    let mut write_buf = Vec::new();
+    let mut first_head = true;
+    loop {
+        let mut started: Option<Instant> = None;
+        let (req, keep_alive) = loop {
+            if !pending.is_empty() {
+                let raw = std::mem::take(&mut pending).freeze();
+                match parse(&raw, std::mem::take(&mut spare)) {
+                    Parsed::Request {
+                        req,
+                        keep_alive,
+                        len,
+                    } => {
+                        if raw.len() > len {
+                            pending = BytesMut::from(&raw[len..]);
+                        }
+                        break (req, keep_alive);
+                    }
+                    Parsed::Partial => {
+                        pending = raw
+                            .try_into_mut()
+                            .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
+                    }
+                    Parsed::Hyper => return Served::HandOff(raw),
+                }
+                // A later head's clock starts with its first bytes; the
+                // first head's is the connection's own (`first_head`).
+                if !first_head && started.is_none() {
+                    started = Some(Instant::now());
+                }
+            }
+            let read = poll_fn(|cx| poll_read_into(io, &mut pending, cx));
+            let read = async {
+                match started {
+                    Some(at) => tokio::time::timeout_at(at + clock.timeout(), read)
+                        .await
+                        .unwrap_or(Ok(0)),
+                    None => read.await,
+                }
+            };
+            // A graceful shutdown closes a connection between requests, as
+            // hyper does, whatever part of a head it holds.
+            let got = tokio::select! {
+                got = read => got,
+                () = watcher.stopping() => return Served::Closed,
+            };
+            if !matches!(got, Ok(n) if n > 0) {
+                return Served::Closed;
+            }
+        };
+        if first_head {
+            clock.first_read();
+            first_head = false;
+        }
+
+        let head = req.method() == Method::HEAD;
+        let served = exchange(io, &mut pending, service, req).await;
+        let Some(res) = served else {
+            return Served::Closed;
+        };
+        let keep_alive = keep_alive && !watcher.is_stopping();
+        let (parts, body) = res.into_parts();
+        let responded = respond(
+            io,
+            &mut pending,
+            &mut write_buf,
+            parts,
+            body,
+            head,
+            keep_alive,
+        );
+        match responded.await {
+            Ok(Some(headers)) => spare = headers,
+            Ok(None) => {
+                let _ = poll_fn(|cx| Pin::new(&mut *io).poll_shutdown(cx)).await;
+                return Served::Closed;
+            }
+            Err(()) => return Served::Closed,
+        }
+        if watcher.is_stopping() {
+            let _ = poll_fn(|cx| Pin::new(&mut *io).poll_shutdown(cx)).await;
+            return Served::Closed;
+        }
+    }
+}
+
+/// Calls the service and waits for its response, watching the client as
+/// hyper does: a client that closes its end (or fails) abandons the
+/// request, and `None` is returned.
+async fn exchange<IO, S, B>(
+    io: &mut IO,
+    pending: &mut BytesMut,
+    service: &mut S,
+    req: Request<RequestBody>,
+) -> Option<Response<B>>
+where
+    IO: AsyncRead + Unpin,
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
+{
+    match poll_fn(|cx| service.poll_ready(cx)).await {
+        Ok(()) => {}
+        Err(never) => match never {},
+    }
+    let mut answer = pin!(service.call(req));
+    let mut watch = Watch::new(pending);
+    poll_fn(|cx| {
+        if watch.poll_gone(io, pending, cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        answer.as_mut().poll(cx).map(|res| match res {
+            Ok(res) => Some(res),
+            Err(never) => match never {},
+        })
+    })
+    .await
+}
+
+/// Writes a response: its head, then its body. `Ok(Some(map))` when the
+/// connection may serve another request (with the response's header map,
+/// emptied, for it), `Ok(None)` when it is to close after it, `Err` when
+/// it is to close at once.
+async fn respond<IO, B>(
+    io: &mut IO,
+    pending: &mut BytesMut,
+    write_buf: &mut Vec<u8>,
+    mut parts: http::response::Parts,
+    body: B,
+    head: bool,
+    keep_alive: bool,
+) -> Result<Option<HeaderMap>, ()>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let length = if body.is_end_stream() {
+        None
+    } else {
+        Some(body.size_hint().exact())
+    };
+    let mut out = Outgoing {
+        front: std::mem::take(write_buf),
+        ..Outgoing::default()
+    };
+    // Room for the head as hyper reckons it, and a small body.
+    let small = length.flatten().filter(|&n| n <= COPY_MAX as u64);
+    let room = 64 + parts.headers.len() * 32 + small.map_or(0, |n| n as usize);
+    out.front.reserve(room);
+    let (mut framing, mut last) =
+        encode_head(&mut parts, length, head, keep_alive, &mut out.front)?;
+    // As with hyper, a body is dropped as soon as it has ended (its
+    // guards settle then), before its last bytes are written.
+    let mut body = pin!(Some(body));
+    if length.is_none() || framing == Framing::Length(0) {
+        body.set(None);
+    }
+    let mut watch = Watch::new(pending);
+    let written = poll_fn(|cx| {
+        loop {
+            if watch.poll_gone(io, pending, cx).is_ready() {
+                return Poll::Ready(Err(()));
+            }
+            let Some(mut polled) = body.as_mut().as_pin_mut() else {
+                ready!(out.poll_write(io, cx)).map_err(|_| ())?;
+                return Pin::new(&mut *io).poll_flush(cx).map_err(|_| ());
+            };
+            if out.queued() >= WRITE_AT {
+                ready!(out.poll_write(io, cx)).map_err(|_| ())?;
+            }
+            let frame = match polled.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Some(frame),
+                Poll::Ready(None) => None,
+                Poll::Ready(Some(Err(e))) => {
+                    let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                    tracing::debug!(error = %e, "response body failed");
+                    return Poll::Ready(Err(()));
+                }
+                Poll::Pending => {
+                    ready!(out.poll_write(io, cx)).map_err(|_| ())?;
+                    ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(|_| ())?;
+                    return Poll::Pending;
+                }
+            };
+            let end = polled.is_end_stream();
+            let (ended, with_data) = match frame.map(http_body::Frame::into_data) {
+                Some(Ok(data)) if !data.is_empty() => {
+                    out.data(&mut framing, data);
+                    (end, true)
+                }
+                Some(Ok(_)) => (end, false),
+                // Trailers go only to a client that asked for them (`TE:
+                // trailers`), and such requests are hyper's: they end the
+                // body.
+                Some(Err(frame)) => (end || frame.is_trailers(), false),
+                None => (true, false),
+            };
+            if ended {
+                body.set(None);
+                if !out.end(&mut framing) {
+                    if !with_data {
+                        // Short of its length, and nothing more to write:
+                        // hyper closes at once.
+                        return Poll::Ready(Err(()));
+                    }
+                    // Its last bytes are written, then the connection closes.
+                    last = true;
+                }
+            }
+        }
+    })
+    .await;
+    let kept = out.keep();
+    written?;
+    if kept.capacity() <= COPY_MAX {
+        *write_buf = kept;
+    }
+    if matches!(framing, Framing::Close) {
+        last = true;
+    }
+    if last {
+        return Ok(None);
+    }
+    parts.headers.clear();
+    Ok(Some(parts.headers))
+}
+
+/// The client's side of a connection while a request is served: hyper
+/// reads it, when nothing of the next request has come yet, to notice a
+/// client that has gone.
+struct Watch {
+    watching: bool,
+}
+
+impl Watch {
+    fn new(pending: &BytesMut) -> Self {
+        Self {
+            watching: pending.is_empty(),
+        }
+    }
+
+    /// Ready when the client has closed its end or the connection failed;
+    /// bytes that come (a pipelined request) are kept, and end the watch.
+    fn poll_gone<IO: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut IO,
+        pending: &mut BytesMut,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        if !self.watching {
+            return Poll::Pending;
+        }
+        match poll_read_into(io, pending, cx) {
+            Poll::Ready(Ok(0) | Err(_)) => Poll::Ready(()),
+            Poll::Ready(Ok(_)) => {
+                self.watching = false;
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Reads what the client has sent, at most [`READ_CHUNK`] bytes, onto the
+/// end of `pending`, which grows only by what came.
+fn poll_read_into<IO: AsyncRead + Unpin>(
+    io: &mut IO,
+    pending: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    let mut room = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+    let mut buf = ReadBuf::uninit(&mut room);
+    ready!(Pin::new(io).poll_read(cx, &mut buf))?;
+    pending.extend_from_slice(buf.filled());
+    Poll::Ready(Ok(buf.filled().len()))
+}
+
+/// What a connection's next bytes hold.
+// The request is moved once, straight out; boxing it would cost an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Parsed {
+    /// A request served here, its head `len` bytes long.
+    Request {
+        req: Request<RequestBody>,
+        keep_alive: bool,
+        len: usize,
+    },
+    /// Not a whole head yet.
+    Partial,
+    /// A request, or bytes, for hyper.
+    Hyper,
+}
+
+/// Reads the request head at the start of `raw` into a request whose
+/// header values share `raw`, its header map `headers` (empty).
+fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
+    let mut lines = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let mut parsed = httparse::Request::new(&mut lines);
+    let len = match parsed.parse(raw) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if raw.len() < MAX_HEAD => return Parsed::Partial,
+        _ => return Parsed::Hyper,
+    };
+    if len > MAX_HEAD || parsed.version != Some(1) {
+        return Parsed::Hyper;
+    }
+    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
+        return Parsed::Hyper;
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Parsed::Hyper;
+    };
+    if method == Method::CONNECT || path.len() > MAX_URI_LEN {
+        return Parsed::Hyper;
+    }
+    let Ok(uri) = Uri::from_maybe_shared(raw.slice_ref(path.as_bytes())) else {
+        return Parsed::Hyper;
+    };
+    headers.reserve(parsed.headers.len());
+    let mut keep_alive = true;
+    let mut length = false;
+    for line in parsed.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(line.name.as_bytes()) else {
+            return Parsed::Hyper;
+        };
+        let Ok(value) = HeaderValue::from_maybe_shared(raw.slice_ref(line.value)) else {
+            return Parsed::Hyper;
+        };
+        match name {
+            // No body, said once, is a body served here.
+            CONTENT_LENGTH if !length && value == "0" => length = true,
+            CONTENT_LENGTH | TRANSFER_ENCODING | UPGRADE | TE => return Parsed::Hyper,
+            CONNECTION if keep_alive => keep_alive = !has_token(&value, "close"),
+            _ => {}
+        }
+        headers.append(name, value);
+    }
+    let mut req = Request::new(RequestBody::Empty);
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    Parsed::Request {
+        req,
+        keep_alive,
+        len,
+    }
+}
+
+/// How a response body is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// `Content-Length`: the bytes still owed.
+    Length(u64),
+    /// Chunked.
+    Chunked,
+    /// To the connection's close.
+    Close,
+}
+
+/// The bytes of a response on their way out: `front`, then `data` (a
+/// large data frame, written from where it is), then `back`.
+#[derive(Debug, Default)]
+struct Outgoing {
+    front: Vec<u8>,
+    data: Bytes,
+    back: Vec<u8>,
+}
+
+impl Outgoing {
+    /// The buffer with the most room, emptied, to keep for the next
+    /// response.
+    fn keep(self) -> Vec<u8> {
+        let mut kept = if self.front.capacity() >= self.back.capacity() {
+            self.front
+        } else {
+            self.back
+        };
+        kept.clear();
+        kept
+    }
+
+    fn queued(&self) -> usize {
+        self.front.len() + self.data.len() + self.back.len()
+    }
+
+    /// Where small writes go: after `data`, once there is one.
+    fn tail(&mut self) -> &mut Vec<u8> {
+        if self.data.is_empty() {
+            &mut self.front
+        } else {
+            &mut self.back
+        }
+    }
+
+    /// Queues a data frame, framed as `framing` says.
+    fn data(&mut self, framing: &mut Framing, mut data: Bytes) {
+        match framing {
+            Framing::Length(owed) => {
+                // More than is owed: what is owed, as hyper writes it.
+                if let Ok(owed) = usize::try_from(*owed)
+                    && data.len() > owed
+                {
+                    data.truncate(owed);
+                }
+                *owed -= data.len() as u64;
+            }
+            Framing::Chunked => {
+                let _ = write!(self.tail(), "{:X}\r\n", data.len());
+            }
+            Framing::Close => {}
+        }
+        if data.len() <= COPY_MAX || !self.data.is_empty() {
+            self.tail().extend_from_slice(&data);
+        } else {
+            self.data = data;
+        }
+        if *framing == Framing::Chunked {
+            self.tail().extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Queues the body's end; false when the body ended short of its
+    /// `Content-Length`, which leaves the connection to close at once.
+    fn end(&mut self, framing: &mut Framing) -> bool {
+        match framing {
+            Framing::Length(0) | Framing::Close => true,
+            Framing::Length(_) => false,
+            Framing::Chunked => {
+                self.tail().extend_from_slice(b"0\r\n\r\n");
+                *framing = Framing::Length(0);
+                true
+            }
+        }
+    }
+
+    /// Writes everything queued.
+    fn poll_write<IO: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut IO,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        while self.queued() > 0 {
+            let n = if self.data.is_empty() && self.back.is_empty() {
+                ready!(Pin::new(&mut *io).poll_write(cx, &self.front))?
+            } else {
+                let bufs = [
+                    IoSlice::new(&self.front),
+                    IoSlice::new(&self.data),
+                    IoSlice::new(&self.back),
+                ];
+                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &bufs))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.advance(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        let front = n.min(self.front.len());
+        self.front.drain(..front);
+        n -= front;
+        let data = n.min(self.data.len());
+        self.data.advance(data);
+        n -= data;
+        self.back.drain(..n.min(self.back.len()));
+        if self.data.is_empty() && self.front.is_empty() {
+            std::mem::swap(&mut self.front, &mut self.back);
+        }
+    }
+}
+
+/// Writes the head of a response to a request (`head`: a `HEAD`) as
+/// hyper's server writes it, and says how its body is framed and whether
+/// the connection closes after it. `length` is the body's size as hyper
+/// takes it: `None` for no body, `Some(None)` for a size unknown.
+/// `Err` when hyper would write nothing and close: a `Content-Length` or
+/// `Transfer-Encoding` it cannot write.
+fn encode_head(
+    parts: &mut http::response::Parts,
+    length: Option<Option<u64>>,
+    head: bool,
+    keep_alive: bool,
+    dst: &mut Vec<u8>,
+) -> Result<(Framing, bool), ()> {
+    if !keep_alive {
+        match parts.headers.entry(CONNECTION) {
+            Entry::Occupied(mut entry) => {
+                if !entry.iter().any(|v| has_token(v, "close")) {
+                    entry.append(HeaderValue::from_static("close"));
+                }
+            }
+            Entry::Vacant(entry) => {
+                entry.insert(HeaderValue::from_static("close"));
+            }
+        }
+    }
+    let status = parts.status;
+    let mut last = !keep_alive;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        last = true;
+    } else if status.is_informational() {
+        // hyper answers no final response with a `1xx`: it writes `500`
+        // and closes.
+        dst.extend_from_slice(b"HTTP/1.1 500 Internal Server Error\r\n");
+        if !head {
+            dst.extend_from_slice(b"Content-Length: 0\r\n");
+        }
+        finish_head(dst, false);
+        return Ok((Framing::Length(0), true));
+    }
+    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
+    let http10 = parts.version == Version::HTTP_10;
+    if !http10 && status == StatusCode::OK && reason.is_none() {
+        dst.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        dst.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+        dst.extend_from_slice(status.as_str().as_bytes());
+        dst.push(b' ');
+        match reason {
+            Some(reason) => dst.extend_from_slice(reason.as_bytes()),
+            None => dst.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+        }
+        dst.extend_from_slice(b"\r\n");
+    }
+
+    let no_content = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let can_chunk = !head && !no_content;
+    let can_length = !no_content;
+
+    let mut framing = Framing::Length(0);
+    let mut wrote_len = false;
+    // A `Content-Length`, `Transfer-Encoding`, `Connection` or `Trailer`
+    // line is open: further values of the same name join it.
+    let mut open = false;
+    let mut must_chunk = false;
+    let mut first_len = None;
+    let mut wrote_date = false;
+    let mut current: Option<&HeaderName> = None;
+    for (name, value) in parts.headers.iter() {
+        if !current.is_some_and(|c| std::ptr::eq(c, name)) {
+            close_line(dst, &mut open, must_chunk);
+            current = Some(name);
+        }
+        match *name {
+            CONTENT_LENGTH => {
+                if wrote_len && !open {
+                    return Err(());
+                }
+                match length {
+                    Some(Some(known)) => {
+                        if !open {
+                            framing = Framing::Length(known);
+                            open_line(dst, name, value);
+                            wrote_len = true;
+                            open = true;
+                        }
+                        continue;
+                    }
+                    Some(None) => {
+                        let Some(len) = digits(value.as_bytes()) else {
+                            return Err(());
+                        };
+                        if let Some(first) = first_len {
+                            if first != len {
+                                return Err(());
+                            }
+                            continue;
+                        }
+                        framing = Framing::Length(len);
+                        open_line(dst, name, value);
+                        wrote_len = true;
+                        open = true;
+                        first_len = Some(len);
+                        continue;
+                    }
+                    None if !head => continue,
+                    None => wrote_len = true,
+                }
+            }
+            TRANSFER_ENCODING => {
+                if wrote_len && !open {
+                    return Err(());
+                }
+                if http10 || !can_chunk {
+                    continue;
+                }
+                wrote_len = true;
+                must_chunk = !last_is_chunked(value);
+                if open {
+                    join(dst, value);
+                } else {
+                    framing = Framing::Chunked;
+                    open_line(dst, name, value);
+                    open = true;
+                }
+                continue;
+            }
+            CONNECTION => {
+                last = last || has_token(value, "close");
+                if open {
+                    join(dst, value);
+                } else {
+                    open_line(dst, name, value);
+                    open = true;
+                }
+                continue;
+            }
+            DATE => wrote_date = true,
+            TRAILER => {
+                if http10 || !can_chunk {
+                    continue;
+                }
+                if open {
+                    join(dst, value);
+                } else {
+                    open_line(dst, name, value);
+                    open = true;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        title_case(dst, name);
+        dst.extend_from_slice(b": ");
+        dst.extend_from_slice(value.as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+    close_line(dst, &mut open, must_chunk);
+
+    if !wrote_len {
+        framing = match length {
+            Some(None) if http10 || !can_chunk => Framing::Close,
+            Some(None) => {
+                dst.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+                Framing::Chunked
+            }
+            None | Some(Some(0)) => {
+                if can_length && !head {
+                    dst.extend_from_slice(b"Content-Length: 0\r\n");
+                }
+                Framing::Length(0)
+            }
+            Some(Some(len)) if can_length => {
+                dst.extend_from_slice(b"Content-Length: ");
+                let _ = write!(dst, "{len}\r\n");
+                Framing::Length(len)
+            }
+            Some(Some(_)) => Framing::Length(0),
+        };
+    }
+    if head || no_content {
+        framing = Framing::Length(0);
+    }
+    finish_head(dst, wrote_date);
+    if framing == Framing::Close {
+        last = true;
+    }
+    Ok((framing, last))
+}
+
+/// Starts a header line that later values of its name may join.
+fn open_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    title_case(dst, name);
+    dst.extend_from_slice(b": ");
+    dst.extend_from_slice(value.as_bytes());
+}
+
+/// Adds a value to the open line.
+fn join(dst: &mut Vec<u8>, value: &HeaderValue) {
+    dst.extend_from_slice(b", ");
+    dst.extend_from_slice(value.as_bytes());
+}
+
+/// Ends the open line, if one is; a `Transfer-Encoding` whose last coding
+/// is not `chunked` gets it (hyper adds it to whichever line it ends).
+fn close_line(dst: &mut Vec<u8>, open: &mut bool, must_chunk: bool) {
+    if *open {
+        if must_chunk {
+            dst.extend_from_slice(b", chunked\r\n");
+        } else {
+            dst.extend_from_slice(b"\r\n");
+        }
+        *open = false;
+    }
+}
+
+/// Adds the `Date` (unless the response has one) and the head's end.
+fn finish_head(dst: &mut Vec<u8>, wrote_date: bool) {
+    if !wrote_date {
+        dst.extend_from_slice(b"Date: ");
+        http_date(dst);
+        dst.extend_from_slice(b"\r\n");
+    }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// Whether a `Transfer-Encoding` value ends with `chunked`.
+fn last_is_chunked(value: &HeaderValue) -> bool {
+    value
+        .to_str()
+        .ok()
+        .and_then(|s| s.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// A `Content-Length` value: digits only.
+fn digits(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |n, &b| {
+        let digit = char::from(b).to_digit(10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+thread_local! {
+    /// The current second, formatted as an HTTP date, and that second.
+    static DATE_NOW: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+}
+
+/// Appends the time now as an HTTP date, formatted once a second.
+fn http_date(dst: &mut Vec<u8>) {
+    let now = SystemTime::now();
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE_NOW.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != second || cached.1.is_empty() {
+            *cached = (second, httpdate::fmt_http_date(now));
+        }
+        dst.extend_from_slice(cached.1.as_bytes());
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    //! qproxy's server against hyper's: the same bytes sent to a port
+    //! served each way must reach the service as the same requests and
+    //! come back as the same bytes (but for the `Date`).
+
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use http_body::Frame;
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::{BodyExt, Empty, Full, StreamBody};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::service_fn;
+
+    use super::super::conn::{connection, main_builder};
+    use super::super::graceful::GracefulShutdown;
+    use super::super::head::{HEAD_TIMEOUT, HeadClock};
+    use super::*;
+    use crate::common::Conn;
+
+    type TestBody = BoxBody<Bytes, Infallible>;
+    type Answer = fn() -> Response<TestBody>;
+
+    /// What the service saw of a request.
+    #[derive(Debug, PartialEq)]
+    struct Seen {
+        method: Method,
+        uri: Uri,
+        version: Version,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: Bytes,
+    }
+
+    /// Sends `sent` to a main-port connection served by qproxy's server
+    /// (`own`) or by hyper alone, whose service answers every request
+    /// with `answer`; closes the client's end after it when `hang_up`.
+    /// Returns what came back until the connection closed or went quiet,
+    /// with each `Date` masked, and the requests the service saw.
+    async fn run(own: bool, sent: &[u8], answer: Answer, hang_up: bool) -> (String, Vec<Seen>) {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let graceful = GracefulShutdown::new();
+        let builder = if own {
+            main_builder()
+        } else {
+            main_builder().hyper_only()
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let service = service_fn(move |req: Request<RequestBody>| {
+            let record = record.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body
+                    .collect()
+                    .await
+                    .map(|c| c.to_bytes())
+                    .unwrap_or_default();
+                record.lock().unwrap().push(Seen {
+                    method: parts.method,
+                    uri: parts.uri,
+                    version: parts.version,
+                    headers: parts
+                        .headers
+                        .iter()
+                        .map(|(n, v)| (n.clone(), v.clone()))
+                        .collect(),
+                    body,
+                });
+                Ok::<_, Infallible>(answer())
+            }
+        });
+        let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
+        tokio::spawn(connection(
+            server,
+            HeadClock::new(HEAD_TIMEOUT),
+            builder,
+            service,
+            graceful.watcher(),
+            Conn { remote },
+        ));
+        client.write_all(sent).await.unwrap();
+        if hang_up {
+            client.shutdown().await.unwrap();
+        }
+        let mut got = Vec::new();
+        let mut buf = [0; 4096];
+        // Time is paused: the timeout fires once nothing else can happen.
+        while let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_secs(1), client.read(&mut buf)).await
+            && n > 0
+        {
+            got.extend_from_slice(&buf[..n]);
+        }
+        let got = String::from_utf8_lossy(&got)
+            .split("\r\n")
+            .map(|line| {
+                if line.starts_with("Date: ") {
+                    "Date: *"
+                } else {
+                    line
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\r\n");
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        (got, seen)
+    }
+
+    /// Runs `sent` both ways and checks that they agree; returns what
+    /// came back.
+    async fn same(sent: &[u8], answer: Answer, hang_up: bool) -> String {
+        let (ours, ours_seen) = run(true, sent, answer, hang_up).await;
+        let (hyper, hyper_seen) = run(false, sent, answer, hang_up).await;
+        assert_eq!(
+            ours,
+            hyper,
+            "answers to {:?}",
+            String::from_utf8_lossy(sent)
+        );
+        assert_eq!(
+            ours_seen,
+            hyper_seen,
+            "requests of {:?}",
+            String::from_utf8_lossy(sent)
+        );
+        ours
+    }
+
+    fn body(b: impl Into<Full<Bytes>>) -> TestBody {
+        b.into().boxed()
+    }
+
+    /// A body of unknown length: these frames.
+    fn streamed(frames: Vec<Frame<Bytes>>) -> TestBody {
+        StreamBody::new(futures_util::stream::iter(frames.into_iter().map(Ok))).boxed()
+    }
+
+    fn with(
+        status: u16,
+        headers: &[(&'static str, &'static str)],
+        b: TestBody,
+    ) -> Response<TestBody> {
+        let mut res = Response::new(b);
+        *res.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (name, value) in headers {
+            res.headers_mut()
+                .append(*name, HeaderValue::from_static(value));
+        }
+        res
+    }
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    const ANSWERS: &[(&str, Answer)] = &[
+        ("empty", || Response::new(Empty::new().boxed())),
+        ("sized", || {
+            with(200, &[("content-type", "text/plain")], body("hello"))
+        }),
+        ("sized, with its length", || {
+            with(200, &[("content-length", "5")], body("hello"))
+        }),
+        ("not found", || with(404, &[], body("nope"))),
+        ("no content, with a length", || {
+            with(204, &[("content-length", "0")], Empty::new().boxed())
+        }),
+        ("not modified, with a body", || with(304, &[], body("x"))),
+        ("streamed", || {
+            with(
+                200,
+                &[],
+                streamed(vec![Frame::data("he".into()), Frame::data("llo".into())]),
+            )
+        }),
+        ("streamed, with a length", || {
+            with(
+                200,
+                &[("content-length", "5")],
+                streamed(vec![Frame::data("hello".into())]),
+            )
+        }),
+        ("streamed, short of its length", || {
+            with(
+                200,
+                &[("content-length", "9")],
+                streamed(vec![Frame::data("hello".into())]),
+            )
+        }),
+        ("closing", || {
+            with(200, &[("connection", "close")], body("bye"))
+        }),
+        ("coded", || {
+            with(
+                200,
+                &[("transfer-encoding", "gzip")],
+                streamed(vec![Frame::data("z".into())]),
+            )
+        }),
+        ("trailers", || {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-t", HeaderValue::from_static("1"));
+            with(
+                200,
+                &[("trailer", "x-t")],
+                streamed(vec![Frame::data("a".into()), Frame::trailers(trailers)]),
+            )
+        }),
+        ("a reason of its own", || {
+            let mut res = with(200, &[], body("a"));
+            res.extensions_mut()
+                .insert(hyper::ext::ReasonPhrase::from_static(b"Fine"));
+            res
+        }),
+        ("no standard reason", || with(299, &[], body("a"))),
+        ("HTTP/1.0", || {
+            let mut res = with(200, &[], body("a"));
+            *res.version_mut() = Version::HTTP_10;
+            res
+        }),
+        ("repeated fields", || {
+            with(
+                200,
+                &[
+                    ("set-cookie", "a=1"),
+                    ("x-a", "1"),
+                    ("set-cookie", "b=2"),
+                    ("connection", "keep-alive"),
+                    ("connection", "x-a"),
+                ],
+                body("a"),
+            )
+        }),
+        ("dated", || {
+            with(200, &[("date", "Tue, 01 Jan 2030 00:00:00 GMT")], body("a"))
+        }),
+        ("informational", || with(100, &[], Empty::new().boxed())),
+    ];
+
+    #[tokio::test(start_paused = true)]
+    async fn every_response_is_written_as_hyper_writes_it() {
+        for (name, answer) in ANSWERS {
+            for request in [
+                GET,
+                b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            ] {
+                let got = same(request, *answer, false).await;
+                // A body short of its length: hyper closes, writing nothing.
+                let short = name.contains("short") && !request.starts_with(b"HEAD");
+                assert_eq!(got.starts_with("HTTP/1."), !short, "{name}: {got:?}");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_request_reaches_the_service_as_hyper_reads_it() {
+        let requests: &[&[u8]] = &[
+            b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nX-M: 1\r\nX-M: 2\r\nAccept: */*\r\n\r\n",
+            b"GET http://example.com/x HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\nHost: a\n\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \xe9t\xe9\r\nX-Empty:\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+            b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            // Pipelined: served here, then by hyper from the request with
+            // a body on.
+            b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nPOST /3 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /4 HTTP/1.1\r\nHost: a\r\n\r\n",
+            // A head split across the pipelined bytes.
+            b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHo",
+        ];
+        for request in requests {
+            same(request, ANSWERS[1].1, false).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_hangs_up_abandons_its_request_as_with_hyper() {
+        let got = same(GET, ANSWERS[1].1, true).await;
+        assert_eq!(got, "");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_streamed_body_arrives_whole() {
+        fn large() -> Response<TestBody> {
+            let frames = (0..8u8)
+                .map(|i| Frame::data(Bytes::from(vec![b'a' + i; 40_000])))
+                .collect();
+            with(200, &[], streamed(frames))
+        }
+        let got = same(GET, large, false).await;
+        assert!(got.ends_with("\r\n0\r\n\r\n"));
+    }
+}
