@@ -299,7 +299,7 @@ pub(super) async fn connection<IO, S, B>(
     clock: Arc<HeadClock>,
     builder: Protocols,
     mut service: S,
-    mut watcher: Watcher,
+    watcher: Watcher,
     conn: Conn,
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -320,7 +320,7 @@ pub(super) async fn connection<IO, S, B>(
             _ => None,
         };
         if h2.is_none() && builder.own_http1 {
-            match h1::serve(&mut io, ahead, &clock, &mut service, &mut watcher).await {
+            match h1::serve(&mut io, ahead, &clock, &mut service, &watcher).await {
                 h1::Served::Closed => return,
                 h1::Served::HandOff(rest) => ahead = rest,
             }

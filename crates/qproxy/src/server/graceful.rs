@@ -62,9 +62,13 @@ impl Watcher {
         *self.rx.borrow()
     }
 
-    /// Resolves once the connection is asked to finish.
-    pub(crate) async fn stopping(&mut self) {
-        let _ = self.rx.wait_for(|stop| *stop).await;
+    /// Resolves once the connection is asked to finish: made once for a
+    /// connection's life, so that it registers its interest once.
+    pub(crate) fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
     }
 
     /// Serves `conn` to its end, shutting it down gracefully once asked.

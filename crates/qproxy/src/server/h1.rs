@@ -89,7 +89,7 @@ pub(super) async fn serve<IO, S, B>(
     first: Bytes,
     clock: &HeadClock,
     service: &mut S,
-    watcher: &mut Watcher,
+    watcher: &Watcher,
 ) -> Served
 where
     IO: AsyncRead + AsyncWrite + Unpin,
@@ -102,6 +102,7 @@ where
         .unwrap_or_else(|first| BytesMut::from(&first[..]));
     // hyper reuses the last response's header map for the next request.
     let mut spare = HeaderMap::new();
+    let mut stopping = pin!(watcher.stopping());
     // The write buffer, kept between requests while it is small.
     let mut write_buf = Vec::new();
     let mut first_head = true;
@@ -147,7 +148,7 @@ where
             // hyper does, whatever part of a head it holds.
             let got = tokio::select! {
                 got = read => got,
-                () = watcher.stopping() => return Served::Closed,
+                () = &mut stopping => return Served::Closed,
             };
             if !matches!(got, Ok(n) if n > 0) {
                 return Served::Closed;
