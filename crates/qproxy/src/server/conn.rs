@@ -320,7 +320,10 @@ pub(super) async fn connection<IO, S, B>(
             _ => None,
         };
         if h2.is_none() && builder.own_http1 {
-            match h1::serve(&mut io, ahead, &clock, &mut service, &watcher).await {
+            // Boxed once the first head is in: a connection that sends
+            // nothing does not carry a request's room.
+            let served = Box::pin(h1::serve(&mut io, ahead, &clock, &mut service, &watcher));
+            match served.await {
                 h1::Served::Closed => return,
                 h1::Served::HandOff(rest) => ahead = rest,
             }
