@@ -341,12 +341,7 @@ fn framing(
                 "unexpected transfer-encoding parsed",
             ));
         }
-        let chunked = last
-            .to_str()
-            .ok()
-            .and_then(|s| s.rsplit(',').next())
-            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
-        return Ok(if chunked {
+        return Ok(if ends_chunked(last) {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::Eof
@@ -370,9 +365,18 @@ fn framing(
     Ok(Framing::Length(length.unwrap_or(0)))
 }
 
+/// Whether a `Transfer-Encoding` value's last coding is `chunked`.
+pub(crate) fn ends_chunked(value: &HeaderValue) -> bool {
+    value
+        .to_str()
+        .ok()
+        .and_then(|s| s.rsplit(',').next())
+        .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"))
+}
+
 /// A decimal number of ASCII digits only (no sign), as hyper reads a
 /// `Content-Length`.
-fn digits(s: &str) -> Option<u64> {
+pub(crate) fn digits(s: &str) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

@@ -575,6 +575,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn part_of_a_head_that_came_with_the_last_request_starts_no_clock() {
+        for builder in [main_builder(), main_builder().hyper_only()] {
+            let (mut client, _graceful) = connect(builder);
+            client
+                .write_all(&[GET, &b"GET / HTTP/1.1\r\n"[..]].concat())
+                .await
+                .unwrap();
+            answered(&mut client).await;
+            let start = Instant::now();
+            assert_eq!(
+                closed_at(&mut client).await - start,
+                Duration::from_secs(7200),
+                "the connection was closed"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_head_in_time_is_answered_however_slowly_it_came() {
         let (mut client, _graceful) = connect(main_builder());
         for line in GET.split_inclusive(|b| *b == b'\n') {

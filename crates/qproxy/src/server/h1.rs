@@ -55,7 +55,7 @@ use tower::Service;
 use super::graceful::Watcher;
 use super::head::HeadClock;
 use crate::common::body::RequestBody;
-use crate::common::h1::{has_token, title_case};
+use crate::common::h1::{digits, ends_chunked, has_token, title_case};
 
 /// Header lines a head served here may have; one with more goes to hyper.
 const STACK_HEADERS: usize = 64;
@@ -108,6 +108,8 @@ where
     let mut first_head = true;
     loop {
         let mut started: Option<Instant> = None;
+        // Bytes of this head have been read since the last response.
+        let mut arrived = false;
         let (req, keep_alive) = loop {
             if !pending.is_empty() {
                 let raw = std::mem::take(&mut pending).freeze();
@@ -129,9 +131,10 @@ where
                     }
                     Parsed::Hyper => return Served::HandOff(raw),
                 }
-                // A later head's clock starts with its first bytes; the
+                // A later head's clock starts with its first bytes read
+                // (bytes that came with the last request start none); the
                 // first head's is the connection's own (`first_head`).
-                if !first_head && started.is_none() {
+                if !first_head && arrived && started.is_none() {
                     started = Some(Instant::now());
                 }
             }
@@ -153,6 +156,7 @@ where
             if !matches!(got, Ok(n) if n > 0) {
                 return Served::Closed;
             }
+            arrived = true;
         };
         if first_head {
             clock.first_read();
@@ -669,7 +673,7 @@ fn encode_head(
                         continue;
                     }
                     Some(None) => {
-                        let Some(len) = digits(value.as_bytes()) else {
+                        let Some(len) = value.to_str().ok().and_then(digits) else {
                             return Err(());
                         };
                         if let Some(first) = first_len {
@@ -697,7 +701,7 @@ fn encode_head(
                     continue;
                 }
                 wrote_len = true;
-                must_chunk = !last_is_chunked(value);
+                must_chunk = !ends_chunked(value);
                 if open {
                     join(dst, value);
                 } else {
@@ -804,26 +808,6 @@ fn finish_head(dst: &mut Vec<u8>, wrote_date: bool) {
         dst.extend_from_slice(b"\r\n");
     }
     dst.extend_from_slice(b"\r\n");
-}
-
-/// Whether a `Transfer-Encoding` value ends with `chunked`.
-fn last_is_chunked(value: &HeaderValue) -> bool {
-    value
-        .to_str()
-        .ok()
-        .and_then(|s| s.rsplit(',').next())
-        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
-}
-
-/// A `Content-Length` value: digits only.
-fn digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() {
-        return None;
-    }
-    bytes.iter().try_fold(0u64, |n, &b| {
-        let digit = char::from(b).to_digit(10)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
 }
 
 thread_local! {
