@@ -6,7 +6,10 @@
 //! it is idle. Here the request's own task writes the request head in one
 //! write, reads the response head into a buffer the size of what came,
 //! and the response body ([`AppBody`]) reads the rest from the socket
-//! itself; an idle connection ([`AppConn`]) is a bare socket. The rules
+//! itself. An idle connection ([`AppConn`]) keeps that buffer only when
+//! the response came in one read (at most 4 KiB), and reads the next into
+//! it once nothing else holds it. The request's header map becomes the
+//! response's, so a request costs no header map. The rules
 //! are hyper's (and so what the app saw before): the head's header names
 //! in title case, `100`-`199` answers but `101` skipped, the body framed
 //! by the response's status, the request's method, `Transfer-Encoding`
@@ -18,7 +21,9 @@
 //! Requests with a body, upgrades and `CONNECT` go through hyper, whose
 //! connections are kept apart from these.
 
+use std::future::poll_fn;
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,7 +33,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::body::RequestBody;
@@ -38,8 +43,6 @@ use super::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 /// Header lines parsed on the stack; a head with more is parsed again
 /// with room for [`MAX_HEADER_FIELDS`].
 const STACK_HEADERS: usize = 64;
-/// The first read of a response: most heads, and small bodies, fit.
-const FIRST_READ: usize = 4096;
 /// The smallest and largest reads of a body: a read that fills the room
 /// it was given doubles the next one.
 const BODY_READ_MIN: usize = 8 * 1024;
@@ -54,12 +57,20 @@ pub(crate) struct AppConn {
     tcp: TcpStream,
     /// Our end, for error texts.
     local: SocketAddr,
+    /// Where the next response is read: empty, and, once the connection
+    /// has served a response whose head and body came in one read, that
+    /// read's memory, used again when nothing holds it any more.
+    buf: BytesMut,
 }
 
 impl AppConn {
     /// A connection just made, whose end is `local`.
     pub(crate) fn new(tcp: TcpStream, local: SocketAddr) -> Self {
-        Self { tcp, local }
+        Self {
+            tcp,
+            local,
+            buf: BytesMut::new(),
+        }
     }
 
     /// Our end of it.
@@ -136,6 +147,9 @@ pub(crate) struct Head {
     pub(crate) headers: HeaderMap,
     framing: Framing,
     keep_alive: bool,
+    /// The head came in one read, and so did what of the body came with
+    /// it.
+    one_read: bool,
 }
 
 /// How a response body ends.
@@ -162,34 +176,59 @@ enum Chunk {
     Trailers,
 }
 
-/// Sends `head` (from [`encode`]) on `conn` and reads the response's head;
-/// what came after the head stays in `buf`. `method` frames the body.
+/// Sends `head` (from [`encode`]) on `conn` and reads the response's head,
+/// its header map `headers` (empty; taken for the head, left otherwise);
+/// what came after the head stays in the connection's buffer, for the
+/// body. `method` frames the body.
+///
+/// Each read lands on the stack and is copied into the buffer, which so
+/// grows only by what came.
 pub(crate) async fn exchange(
     conn: &mut AppConn,
     head: &[u8],
     method: &Method,
-    buf: &mut BytesMut,
+    headers: &mut HeaderMap,
 ) -> Result<Head, ExchangeError> {
     conn.tcp.write_all(head).await?;
+    let mut reads = 0;
     loop {
-        if !buf.is_empty() {
-            match parse(buf, method)? {
-                Parsed::Final(head) => return Ok(head),
+        if !conn.buf.is_empty() {
+            match parse(&mut conn.buf, method, headers)? {
+                Parsed::Final(mut head) => {
+                    head.one_read = reads == 1;
+                    return Ok(head);
+                }
                 // Informational answers are skipped, as hyper skips them.
                 Parsed::Informational => continue,
                 Parsed::Partial => {}
             }
         }
-        if buf.len() >= MAX_RESPONSE_HEADER_BYTES {
+        if conn.buf.len() >= MAX_RESPONSE_HEADER_BYTES {
             return Err(ExchangeError::Malformed("message head is too large"));
         }
-        if buf.capacity() - buf.len() < FIRST_READ / 4 {
-            buf.reserve(buf.len().max(FIRST_READ));
-        }
-        if conn.tcp.read_buf(buf).await? == 0 {
+        if poll_fn(|cx| poll_read_into(&mut conn.tcp, &mut conn.buf, cx)).await? == 0 {
             return Err(ExchangeError::Closed);
         }
+        reads += 1;
     }
+}
+
+/// Most bytes one read of a head takes: most heads, and small bodies, fit.
+const READ_CHUNK: usize = 4096;
+
+/// Reads what the peer has sent, at most [`READ_CHUNK`] bytes, onto the
+/// end of `buf`, which grows only by what came: the read lands on the
+/// stack first.
+pub(crate) fn poll_read_into<IO: AsyncRead + Unpin>(
+    io: &mut IO,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    let mut room = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+    let mut read = ReadBuf::uninit(&mut room);
+    ready!(Pin::new(io).poll_read(cx, &mut read))?;
+    buf.extend_from_slice(read.filled());
+    Poll::Ready(Ok(read.filled().len()))
 }
 
 /// What [`parse`] found in the bytes read so far.
@@ -219,8 +258,12 @@ fn parse_error(e: httparse::Error) -> ExchangeError {
 type Line = (usize, usize, usize, usize);
 
 /// Parses a response head at the start of `buf`, taking it from `buf`
-/// when whole.
-fn parse(buf: &mut BytesMut, method: &Method) -> Result<Parsed, ExchangeError> {
+/// when whole; a final head's header map is `spare` (empty), taken.
+fn parse(
+    buf: &mut BytesMut,
+    method: &Method,
+    spare: &mut HeaderMap,
+) -> Result<Parsed, ExchangeError> {
     let mut stack = [(0, 0, 0, 0); STACK_HEADERS];
     let mut heap = Vec::new();
     let (len, code, version, count) = match lines(buf, &mut stack) {
@@ -251,7 +294,8 @@ fn parse(buf: &mut BytesMut, method: &Method) -> Result<Parsed, ExchangeError> {
         Version::HTTP_10
     };
     let mut keep_alive = version == Version::HTTP_11;
-    let mut headers = HeaderMap::with_capacity(count);
+    let mut headers = std::mem::take(spare);
+    headers.reserve(count);
     let mut close = false;
     for &(n0, n1, v0, v1) in &lines[..count] {
         let invalid = || parse_error(httparse::Error::HeaderValue);
@@ -275,6 +319,7 @@ fn parse(buf: &mut BytesMut, method: &Method) -> Result<Parsed, ExchangeError> {
         framing,
         // An upgraded connection is the upgrade's; this one is not reused.
         keep_alive: keep_alive && status != StatusCode::SWITCHING_PROTOCOLS,
+        one_read: false,
     }))
 }
 
@@ -407,19 +452,24 @@ pub(crate) struct AppBody {
     idle: Option<Arc<Idle<AppConn>>>,
     /// Bytes read and not yet passed on.
     buf: BytesMut,
+    /// `buf`'s memory is small enough to go back with the connection: it
+    /// holds no more than one read of the head's.
+    small: bool,
     framing: Framing,
     /// The room the next read is given.
     read: usize,
 }
 
 impl AppBody {
-    /// The body of `head`, read over `conn` (with `buf`, what came after
-    /// the head); an empty body gives the connection back at once.
-    pub(crate) fn new(conn: AppConn, head: &Head, buf: BytesMut, idle: Arc<Idle<AppConn>>) -> Self {
+    /// The body of `head`, read over `conn` (what came after the head is
+    /// in its buffer); an empty body gives the connection back at once.
+    pub(crate) fn new(mut conn: AppConn, head: &Head, idle: Arc<Idle<AppConn>>) -> Self {
+        let buf = std::mem::take(&mut conn.buf);
         let mut body = AppBody {
             conn: Some(conn),
             idle: head.keep_alive.then_some(idle),
             buf,
+            small: head.one_read,
             framing: head.framing,
             read: BODY_READ_MIN,
         };
@@ -433,9 +483,12 @@ impl AppBody {
     /// and nothing came after the body.
     fn finish(&mut self) {
         let conn = self.conn.take();
-        if let (Some(conn), Some(idle)) = (conn, self.idle.take())
+        if let (Some(mut conn), Some(idle)) = (conn, self.idle.take())
             && self.buf.is_empty()
         {
+            if self.small {
+                conn.buf = std::mem::take(&mut self.buf);
+            }
             idle.put(conn);
         }
         self.buf = BytesMut::new();
@@ -448,8 +501,8 @@ impl AppBody {
         self.finish();
     }
 
-    /// Reads more of the body into `buf`; `Ok(false)` at the connection's
-    /// end.
+    /// Reads more of the body into `buf`, up to `want` bytes (or what room
+    /// `buf` has past them); `Ok(false)` at the connection's end.
     fn poll_fill(&mut self, cx: &mut Context<'_>, want: u64) -> Poll<Result<bool, BodyError>> {
         let Some(conn) = &self.conn else {
             return Poll::Ready(Ok(false));
@@ -459,6 +512,7 @@ impl AppBody {
             .clamp(1, self.read);
         if self.buf.capacity() - self.buf.len() < room {
             self.buf.reserve(room);
+            self.small = false;
         }
         loop {
             ready!(conn.tcp.poll_read_ready(cx))?;
@@ -548,11 +602,9 @@ impl AppBody {
             match step {
                 Some(next) => self.framing = Framing::Chunked(next),
                 None => {
-                    let want = match state {
-                        Chunk::Data(left) => left,
-                        _ => 1,
-                    };
-                    if !ready!(self.poll_fill(cx, want))? {
+                    // However little the next step needs, what has come
+                    // is read: an event stream's chunk arrives whole.
+                    if !ready!(self.poll_fill(cx, u64::MAX))? {
                         return Poll::Ready(Some(Err(BodyError::Incomplete)));
                     }
                 }
@@ -748,7 +800,7 @@ mod tests {
     fn parsed(bytes: &[u8], method: &Method) -> Result<(Head, BytesMut), String> {
         let mut buf = BytesMut::from(bytes);
         loop {
-            match parse(&mut buf, method).map_err(|e| e.to_string())? {
+            match parse(&mut buf, method, &mut HeaderMap::new()).map_err(|e| e.to_string())? {
                 Parsed::Final(head) => return Ok((head, buf)),
                 Parsed::Informational => {}
                 Parsed::Partial => return Err("partial".into()),

@@ -44,6 +44,9 @@ pub struct Hop {
 /// connection's later requests bypass the proxy. Clients that want HTTP/2
 /// use prior knowledge, which the main port serves.
 pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
+    if !has_hop_headers(headers) {
+        return Hop::default();
+    }
     let upgrade = upgrade_type(headers)
         .filter(|p| !p.as_bytes().eq_ignore_ascii_case(b"h2c"))
         .cloned();
@@ -83,7 +86,17 @@ fn contains_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     })
 }
 
+/// Whether any header is one of [`HOP_HEADERS`] (`Connection` among
+/// them): most messages have none, and one pass over their few names
+/// costs less than looking each of those up.
+fn has_hop_headers(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| HOP_HEADERS.contains(name))
+}
+
 fn remove_hop_headers(headers: &mut HeaderMap) {
+    if !has_hop_headers(headers) {
+        return;
+    }
     if headers.contains_key(CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)

@@ -35,7 +35,7 @@ use crate::common::headers::{
 use crate::common::reply::http_error;
 use crate::common::tunnel::TunnelDeadline;
 pub(crate) use error::UpstreamError;
-pub(crate) use upstream::Upstream;
+pub(crate) use upstream::{BodylessRequest, Upstream};
 
 /// The reverse proxy for one client connection.
 #[derive(Debug, Clone)]
@@ -67,32 +67,65 @@ impl Service<Request<RequestBody>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        let this = self.clone();
+    fn call(&mut self, mut req: Request<RequestBody>) -> Self::Future {
+        let hop = self.prepare(&mut req);
+        let h2 = req.version() == Version::HTTP_2;
+        if h2 || hop.upgrade.is_some() || !http_body::Body::is_end_stream(req.body()) {
+            let this = self.clone();
+            return Box::pin(async move { Ok(answer(this.forward(req, hop).await)) });
+        }
+        if req.method() == Method::CONNECT {
+            let this = self.clone();
+            return Box::pin(async move { Ok(answer(this.connect(req).await)) });
+        }
+        // The common request, for qproxy's own client: prepared here, so
+        // that its future holds only what it waits with.
+        let sent = self
+            .http1_request(req)
+            .map(|req| (self.upstream.clone(), BodylessRequest::new(req)));
         Box::pin(async move {
-            Ok(match this.forward(req).await {
-                Ok(res) => res,
-                Err(err) => error_response(&err),
-            })
+            let res = match sent {
+                Ok((upstream, req)) => upstream.send_bodyless(req).await,
+                Err(err) => Err(err),
+            };
+            Ok(answer(res.and_then(|res| {
+                if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    // Nothing was asked for.
+                    let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
+                    return Err(mismatch(None, offered));
+                }
+                Ok(finish(res))
+            })))
         })
     }
 }
 
 impl Proxy {
+    /// What Go's reverse proxy does to every request's headers: the
+    /// activator's removed, the hop-by-hop ones removed, the client
+    /// appended to `X-Forwarded-For`. Returns the upgrade asked for.
+    fn prepare(&self, req: &mut Request<RequestBody>) -> hop::Hop {
+        let headers = req.headers_mut();
+        if headers
+            .keys()
+            .any(|n| n == KNATIVE_SERVING_REVISION || n == KNATIVE_SERVING_NAMESPACE)
+        {
+            headers.remove(KNATIVE_SERVING_REVISION);
+            headers.remove(KNATIVE_SERVING_NAMESPACE);
+        }
+        let hop = hop::prepare_request(headers);
+        append_forwarded_for(headers, &self.client_ip);
+        hop
+    }
+
+    /// A request that has a body, asks for an upgrade or is HTTP/2, its
+    /// headers [prepared](Self::prepare).
     async fn forward(
         &self,
         mut req: Request<RequestBody>,
+        hop: hop::Hop,
     ) -> Result<Response<Body>, UpstreamError> {
-        let headers = req.headers_mut();
-        headers.remove(KNATIVE_SERVING_REVISION);
-        headers.remove(KNATIVE_SERVING_NAMESPACE);
-        let hop = hop::prepare_request(headers);
-        append_forwarded_for(headers, &self.client_ip);
-
         let h2 = req.version() == Version::HTTP_2;
-        if req.method() == Method::CONNECT && !h2 {
-            return self.connect(req).await;
-        }
         let deadline = req.extensions().get::<TunnelDeadline>().copied();
         let client_upgrade = match &hop.upgrade {
             Some(protocol) if !is_printable(protocol.as_bytes()) => {
@@ -110,10 +143,6 @@ impl Proxy {
                 .send_h2c(req)
                 .await?
                 .map(|body| Body::Upstream(body, None))
-        } else if client_upgrade.is_none() && http_body::Body::is_end_stream(req.body()) {
-            // The common request: qproxy's own client.
-            let req = self.http1_request(req)?;
-            self.upstream.send_bodyless(&req).await?
         } else {
             let req = self.http1_request(req)?;
             let (res, checkin) = self.upstream.send_http1(req).await?;
@@ -137,11 +166,7 @@ impl Proxy {
             res.extensions_mut().insert(tunnel);
             return Ok(res.map(|_| Body::empty()));
         }
-
-        hop::prepare_response(res.headers_mut());
-        // Go's server writes the standard reason phrase, whatever the app's.
-        res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
-        Ok(res.map(Body::released_if_ended))
+        Ok(finish(res))
     }
 
     /// A `CONNECT`, as Go's reverse proxy passes it: to the app with the
@@ -259,6 +284,23 @@ fn mismatch(requested: Option<&[u8]>, offered: Option<&[u8]>) -> UpstreamError {
         requested: requested.unwrap_or_default().to_vec(),
         offered: offered.unwrap_or_default().to_vec(),
     }
+}
+
+/// The proxy's answer: the app's response, or the error's.
+fn answer(res: Result<Response<Body>, UpstreamError>) -> Response<Body> {
+    match res {
+        Ok(res) => res,
+        Err(err) => error_response(&err),
+    }
+}
+
+/// The app's response, as Go's reverse proxy passes it on: hop-by-hop
+/// headers removed, the standard reason phrase.
+fn finish(mut res: Response<Body>) -> Response<Body> {
+    hop::prepare_response(res.headers_mut());
+    // Go's server writes the standard reason phrase, whatever the app's.
+    res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
+    res.map(Body::released_if_ended)
 }
 
 /// The `502` Knative answers when the app cannot be reached: Go's

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::Authority;
-use http::{Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -119,47 +119,50 @@ impl Upstream {
         }
     }
 
-    /// Sends an HTTP/1.1 request without a body and asking for no upgrade
-    /// (its URI in origin form, its `Host` set) with qproxy's own client;
-    /// the response body hands the connection back once read. The rules
-    /// for idle connections and for sending again are those of
-    /// [`Upstream::send_http1`].
+    /// Sends a request without a body and asking for no upgrade with
+    /// qproxy's own client; the response body hands the connection back
+    /// once read. The rules for idle connections and for sending again are
+    /// those of [`Upstream::send_http1`].
     pub(crate) async fn send_bodyless(
         &self,
-        req: &Request<RequestBody>,
+        req: BodylessRequest,
     ) -> Result<http::Response<Body>, UpstreamError> {
-        let mut head = Vec::with_capacity(256);
-        h1::encode(req, &mut head);
-        let again = replayable(req);
-        let method = req.method();
+        let BodylessRequest {
+            head,
+            method,
+            mut headers,
+            again,
+        } = req;
         // `take` passes over the idle connections the app has closed.
         if let Some(conn) = self.idle_own.take() {
-            match self.exchange_on(conn, &head, method).await {
+            match self.exchange_on(conn, &head, &method, &mut headers).await {
                 Err(err) if again && err.is_dropped_connection() => {
                     tracing::debug!(error = %err, "the app dropped the connection; sending again");
+                    headers.clear();
                 }
                 answered => return answered,
             }
         }
         let (tcp, local) = self.dial_keepalive().await?;
-        self.exchange_on(AppConn::new(tcp, local), &head, method)
+        self.exchange_on(AppConn::new(tcp, local), &head, &method, &mut headers)
             .await
     }
 
-    /// Sends `head` on `conn` and answers with the app's response, whose
-    /// body reads the rest and hands the connection back.
+    /// Sends `head` on `conn` and answers with the app's response (its
+    /// header map `headers`), whose body reads the rest and hands the
+    /// connection back.
     async fn exchange_on(
         &self,
         mut conn: AppConn,
         head: &[u8],
         method: &Method,
+        headers: &mut HeaderMap,
     ) -> Result<Response<Body>, UpstreamError> {
-        let mut rest = bytes::BytesMut::new();
-        let parsed = match h1::exchange(&mut conn, head, method, &mut rest).await {
+        let parsed = match h1::exchange(&mut conn, head, method, headers).await {
             Ok(parsed) => parsed,
             Err(err) => return Err(self.exchange_error(err, &conn)),
         };
-        let body = AppBody::new(conn, &parsed, rest, self.idle_own.clone());
+        let body = AppBody::new(conn, &parsed, self.idle_own.clone());
         let mut res = Response::new(Body::App(body));
         *res.status_mut() = parsed.status;
         *res.version_mut() = parsed.version;
@@ -240,6 +243,39 @@ impl Upstream {
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         self.h2c.send(req).await
+    }
+}
+
+/// An HTTP/1.1 request without a body that asks for no upgrade, made
+/// ready for [`Upstream::send_bodyless`]: its head written out, its header
+/// map emptied for the response's.
+#[derive(Debug)]
+pub(crate) struct BodylessRequest {
+    head: Vec<u8>,
+    method: Method,
+    headers: HeaderMap,
+    /// It may be sent again, by Go's rule.
+    again: bool,
+}
+
+impl BodylessRequest {
+    /// `req`, its URI in origin form and its `Host` set.
+    pub(crate) fn new(req: Request<RequestBody>) -> Self {
+        let mut head = Vec::with_capacity(256);
+        h1::encode(&req, &mut head);
+        let again = replayable(&req);
+        let http::request::Parts {
+            method,
+            mut headers,
+            ..
+        } = req.into_parts().0;
+        headers.clear();
+        Self {
+            head,
+            method,
+            headers,
+            again,
+        }
     }
 }
 
@@ -344,5 +380,75 @@ impl H2c {
             }
         });
         Ok(Live { sender, local })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Responses read one after another over one kept connection (into
+    /// the memory it keeps, when nothing holds it) stay whole: those
+    /// whose headers and bodies are held while the next is read, and
+    /// those let go. Sizes go up and down, and past one read.
+    #[tokio::test]
+    async fn responses_read_into_kept_memory_stay_whole() {
+        let app = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = app.local_addr().unwrap().port();
+        let sizes = [5, 300, 20, 3_000, 6_000, 10, 900, 1];
+        tokio::spawn(async move {
+            // One connection serves every request.
+            let (mut tcp, _) = app.accept().await.unwrap();
+            let mut got = Vec::new();
+            for (i, size) in sizes.into_iter().enumerate() {
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let mut buf = [0; 1024];
+                    let n = tcp.read(&mut buf).await.unwrap();
+                    assert!(n > 0);
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                got.drain(..end);
+                let body = char::from(b'a' + i as u8).to_string().repeat(size);
+                let res = format!(
+                    "HTTP/1.1 200 OK\r\nX-N: {i}-{size}\r\nContent-Length: {size}\r\n\r\n{body}"
+                );
+                tcp.write_all(res.as_bytes()).await.unwrap();
+            }
+        });
+        let upstream = Upstream::new(port, 4);
+        let mut held = Vec::new();
+        for (i, size) in sizes.into_iter().enumerate() {
+            let req = Request::get("/")
+                .header(http::header::HOST, "app")
+                .body(RequestBody::Empty)
+                .unwrap();
+            let res = upstream
+                .send_bodyless(BodylessRequest::new(req))
+                .await
+                .unwrap();
+            let (parts, body) = res.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            let expected = char::from(b'a' + i as u8).to_string().repeat(size);
+            assert_eq!(parts.headers["x-n"], format!("{i}-{size}").as_str());
+            assert_eq!(body, expected.as_bytes());
+            if i % 2 == 0 {
+                held.push((parts.headers, body, i, size));
+            }
+        }
+        for (headers, body, i, size) in held {
+            assert_eq!(headers["x-n"], format!("{i}-{size}").as_str());
+            assert_eq!(
+                body,
+                char::from(b'a' + i as u8)
+                    .to_string()
+                    .repeat(size)
+                    .as_bytes()
+            );
+        }
     }
 }

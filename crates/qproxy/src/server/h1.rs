@@ -7,7 +7,9 @@
 //! the size of what came, parses it with `httparse` (hyper's parser) into
 //! a request whose header values share that buffer, calls the port's
 //! service, and writes the response head and the first bytes of its body
-//! in one write. Between requests a connection holds no buffer at all.
+//! in one write. Between requests a connection keeps only what it wrote
+//! last (up to 16 KiB) and its last head's memory (up to 2 KiB), which the
+//! next response and head reuse once nothing else holds them.
 //!
 //! The rules are hyper's, so that clients see what they saw before:
 //! - a request is read as hyper reads it; `Connection: close` ends the
@@ -35,7 +37,6 @@ use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice, Write};
-use std::mem::MaybeUninit;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, ready};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -48,19 +49,20 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
 };
 use http_body::Body as HttpBody;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tower::Service;
 
 use super::graceful::Watcher;
 use super::head::HeadClock;
 use crate::common::body::RequestBody;
-use crate::common::h1::{digits, ends_chunked, has_token, title_case};
+use crate::common::h1::{digits, ends_chunked, has_token, poll_read_into, title_case};
 
 /// Header lines a head served here may have; one with more goes to hyper.
 const STACK_HEADERS: usize = 64;
-/// Most bytes one read takes from the client.
-const READ_CHUNK: usize = 4096;
+/// Most memory of its last head a connection keeps between requests, to
+/// read the next one into.
+const KEEP_READ: usize = 2048;
 /// Longest head served here; a longer one goes to hyper, which refuses
 /// those over Go's limit.
 const MAX_HEAD: usize = 16 * 1024;
@@ -112,7 +114,9 @@ where
         let mut arrived = false;
         let (req, keep_alive) = loop {
             if !pending.is_empty() {
-                let raw = std::mem::take(&mut pending).freeze();
+                // `pending` keeps the memory after the head's, and the
+                // head's own once nothing holds it any more.
+                let raw = pending.split().freeze();
                 match parse(&raw, std::mem::take(&mut spare)) {
                     Parsed::Request {
                         req,
@@ -121,10 +125,15 @@ where
                     } => {
                         if raw.len() > len {
                             pending = BytesMut::from(&raw[len..]);
+                        } else if raw.len() + pending.capacity() > KEEP_READ {
+                            pending = BytesMut::new();
                         }
                         break (req, keep_alive);
                     }
                     Parsed::Partial => {
+                        // `pending` lets go first, so that the head's
+                        // memory is `raw`'s alone and grows in place.
+                        drop(std::mem::take(&mut pending));
                         pending = raw
                             .try_into_mut()
                             .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
@@ -368,20 +377,6 @@ impl Watch {
             Poll::Pending => Poll::Pending,
         }
     }
-}
-
-/// Reads what the client has sent, at most [`READ_CHUNK`] bytes, onto the
-/// end of `pending`, which grows only by what came.
-fn poll_read_into<IO: AsyncRead + Unpin>(
-    io: &mut IO,
-    pending: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    let mut room = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-    let mut buf = ReadBuf::uninit(&mut room);
-    ready!(Pin::new(io).poll_read(cx, &mut buf))?;
-    pending.extend_from_slice(buf.filled());
-    Poll::Ready(Ok(buf.filled().len()))
 }
 
 /// What a connection's next bytes hold.
@@ -1128,5 +1123,64 @@ mod tests {
         }
         let got = same(GET, large, false).await;
         assert!(got.ends_with("\r\n0\r\n\r\n"));
+    }
+
+    /// Heads read one after another into the memory a connection keeps
+    /// (a head its own size, then smaller, larger, over the limit kept)
+    /// reach the service whole, whether it lets go of each request or
+    /// holds on to all of them.
+    #[tokio::test(start_paused = true)]
+    async fn heads_read_into_kept_memory_arrive_whole() {
+        for hold in [false, true] {
+            let (mut client, server) = tokio::io::duplex(1 << 16);
+            let graceful = GracefulShutdown::new();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let held = Arc::new(Mutex::new(Vec::new()));
+            let (record, keep) = (seen.clone(), held.clone());
+            let service = service_fn(move |req: Request<RequestBody>| {
+                let mut line = format!("{} {}", req.method(), req.uri());
+                for (name, value) in req.headers() {
+                    line += &format!(" {name}={}", value.to_str().unwrap_or("?"));
+                }
+                record.lock().unwrap().push(line);
+                if hold {
+                    keep.lock().unwrap().push(req);
+                }
+                async { Ok::<_, Infallible>(with(200, &[], body("ok"))) }
+            });
+            let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
+            tokio::spawn(connection(
+                server,
+                HeadClock::new(HEAD_TIMEOUT),
+                main_builder(),
+                service,
+                graceful.watcher(),
+                Conn { remote },
+            ));
+            let mut expected = Vec::new();
+            for (i, pad) in [10, 300, 40, 1_500, 3_000, 20, 900].into_iter().enumerate() {
+                let value = char::from(b'a' + i as u8).to_string().repeat(pad);
+                client
+                    .write_all(
+                        format!("GET /{i} HTTP/1.1\r\nHost: h{i}\r\nX-Pad: {value}\r\n\r\n")
+                            .as_bytes(),
+                    )
+                    .await
+                    .unwrap();
+                expected.push(format!("GET /{i} host=h{i} x-pad={value}"));
+                // The whole response, before the next request.
+                let mut got = Vec::new();
+                let mut buf = [0; 1024];
+                while !got.ends_with(b"\r\n\r\nok") {
+                    let n = client.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the connection closed");
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+            assert_eq!(*seen.lock().unwrap(), expected, "holding requests: {hold}");
+            for (req, line) in held.lock().unwrap().iter().zip(&expected) {
+                assert!(line.starts_with(&format!("GET {}", req.uri())));
+            }
+        }
     }
 }
