@@ -721,7 +721,7 @@ pub(crate) fn read_answer(bytes: &[u8], head: bool) -> Result<Answer, String> {
     let method = if head { Method::HEAD } else { Method::GET };
     let mut buf = BytesMut::from(bytes);
     let parsed = loop {
-        match parse(&mut buf, &method).map_err(|e| e.to_string())? {
+        match parse(&mut buf, &method, &mut HeaderMap::new()).map_err(|e| e.to_string())? {
             Parsed::Final(parsed) => break parsed,
             Parsed::Informational => {}
             Parsed::Partial => return Err(ExchangeError::Closed.to_string()),
@@ -731,6 +731,7 @@ pub(crate) fn read_answer(bytes: &[u8], head: bool) -> Result<Answer, String> {
         conn: None,
         idle: None,
         buf,
+        small: false,
         framing: parsed.framing,
         read: BODY_READ_MIN,
     };
