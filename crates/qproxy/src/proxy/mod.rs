@@ -70,13 +70,13 @@ impl Service<Request<RequestBody>> for Proxy {
     fn call(&mut self, mut req: Request<RequestBody>) -> Self::Future {
         let hop = self.prepare(&mut req);
         let h2 = req.version() == Version::HTTP_2;
+        if req.method() == Method::CONNECT && !h2 {
+            let this = self.clone();
+            return Box::pin(async move { Ok(answer(this.connect(req).await)) });
+        }
         if h2 || hop.upgrade.is_some() || !http_body::Body::is_end_stream(req.body()) {
             let this = self.clone();
             return Box::pin(async move { Ok(answer(this.forward(req, hop).await)) });
-        }
-        if req.method() == Method::CONNECT {
-            let this = self.clone();
-            return Box::pin(async move { Ok(answer(this.connect(req).await)) });
         }
         // The common request, for qproxy's own client: prepared here, so
         // that its future holds only what it waits with.

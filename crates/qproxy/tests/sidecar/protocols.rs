@@ -635,37 +635,42 @@ async fn connect_reaches_the_app_with_its_target_and_a_2xx_becomes_a_tunnel() {
     .await;
     let qp = QProxy::start(port, &[]);
 
-    let mut client = TcpStream::connect(qp.main).await.unwrap();
-    client
-        .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
-        .await
-        .unwrap();
-    let head = within("the 200", read_head(&mut client)).await.unwrap();
-    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
-    // RFC 9110 forbids body framing on a 2xx to CONNECT.
-    assert!(
-        !head.to_ascii_lowercase().contains("content-length"),
-        "{head}"
-    );
+    // A CONNECT is a CONNECT, whatever else it asks for.
+    let heads: [&[u8]; 2] = [
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\
+          Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    ];
+    for sent in heads {
+        let mut client = TcpStream::connect(qp.main).await.unwrap();
+        client.write_all(sent).await.unwrap();
+        let head = within("the 200", read_head(&mut client)).await.unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        // RFC 9110 forbids body framing on a 2xx to CONNECT.
+        assert!(
+            !head.to_ascii_lowercase().contains("content-length"),
+            "{head}"
+        );
 
-    let app_head = within("the app's request", seen.recv()).await.unwrap();
-    assert!(
-        app_head.starts_with("CONNECT example.com:443 HTTP/1.1\r\n"),
-        "{app_head}"
-    );
-    assert!(app_head.contains("Host: example.com:443\r\n"), "{app_head}");
+        let app_head = within("the app's request", seen.recv()).await.unwrap();
+        assert!(
+            app_head.starts_with("CONNECT example.com:443 HTTP/1.1\r\n"),
+            "{app_head}"
+        );
+        assert!(app_head.contains("Host: example.com:443\r\n"), "{app_head}");
 
-    let mut greeting = [0u8; 6];
-    within("the greeting", client.read_exact(&mut greeting))
-        .await
-        .unwrap();
-    assert_eq!(&greeting, b"hello\n");
-    client.write_all(b"ping").await.unwrap();
-    let mut echo = [0u8; 4];
-    within("the echo", client.read_exact(&mut echo))
-        .await
-        .unwrap();
-    assert_eq!(&echo, b"ping");
+        let mut greeting = [0u8; 6];
+        within("the greeting", client.read_exact(&mut greeting))
+            .await
+            .unwrap();
+        assert_eq!(&greeting, b"hello\n");
+        client.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        within("the echo", client.read_exact(&mut echo))
+            .await
+            .unwrap();
+        assert_eq!(&echo, b"ping");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
