@@ -117,11 +117,16 @@ pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
         if name == TRANSFER_ENCODING {
             continue;
         }
-        title_case(dst, name);
-        dst.extend_from_slice(b": ");
-        dst.extend_from_slice(value.as_bytes());
-        dst.extend_from_slice(b"\r\n");
+        header_line(dst, name, value);
     }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// Writes a header line, its name in [title case](title_case).
+pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    title_case(dst, name);
+    dst.extend_from_slice(b": ");
+    dst.extend_from_slice(value.as_bytes());
     dst.extend_from_slice(b"\r\n");
 }
 

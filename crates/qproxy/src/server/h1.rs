@@ -56,7 +56,7 @@ use tower::Service;
 use super::graceful::Watcher;
 use super::head::HeadClock;
 use crate::common::body::RequestBody;
-use crate::common::h1::{digits, ends_chunked, has_token, poll_read_into, title_case};
+use crate::common::h1::{digits, ends_chunked, has_token, header_line, poll_read_into, title_case};
 
 /// Header lines a head served here may have; one with more goes to hyper.
 const STACK_HEADERS: usize = 64;
@@ -188,17 +188,16 @@ where
             head,
             keep_alive,
         );
-        match responded.await {
-            Ok(Some(headers)) => spare = headers,
-            Ok(None) => {
+        let Ok(kept) = responded.await else {
+            return Served::Closed;
+        };
+        match kept {
+            Some(headers) if !watcher.is_stopping() => spare = headers,
+            // The response was the connection's last: it closes cleanly.
+            _ => {
                 let _ = poll_fn(|cx| Pin::new(&mut *io).poll_shutdown(cx)).await;
                 return Served::Closed;
             }
-            Err(()) => return Served::Closed,
-        }
-        if watcher.is_stopping() {
-            let _ = poll_fn(|cx| Pin::new(&mut *io).poll_shutdown(cx)).await;
-            return Served::Closed;
         }
     }
 }
@@ -697,23 +696,15 @@ fn encode_head(
                 }
                 wrote_len = true;
                 must_chunk = !ends_chunked(value);
-                if open {
-                    join(dst, value);
-                } else {
+                if !open {
                     framing = Framing::Chunked;
-                    open_line(dst, name, value);
-                    open = true;
                 }
+                add_to_line(dst, &mut open, name, value);
                 continue;
             }
             CONNECTION => {
                 last = last || has_token(value, "close");
-                if open {
-                    join(dst, value);
-                } else {
-                    open_line(dst, name, value);
-                    open = true;
-                }
+                add_to_line(dst, &mut open, name, value);
                 continue;
             }
             DATE => wrote_date = true,
@@ -721,20 +712,12 @@ fn encode_head(
                 if http10 || !can_chunk {
                     continue;
                 }
-                if open {
-                    join(dst, value);
-                } else {
-                    open_line(dst, name, value);
-                    open = true;
-                }
+                add_to_line(dst, &mut open, name, value);
                 continue;
             }
             _ => {}
         }
-        title_case(dst, name);
-        dst.extend_from_slice(b": ");
-        dst.extend_from_slice(value.as_bytes());
-        dst.extend_from_slice(b"\r\n");
+        header_line(dst, name, value);
     }
     close_line(dst, &mut open, must_chunk);
 
@@ -776,10 +759,15 @@ fn open_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     dst.extend_from_slice(value.as_bytes());
 }
 
-/// Adds a value to the open line.
-fn join(dst: &mut Vec<u8>, value: &HeaderValue) {
-    dst.extend_from_slice(b", ");
-    dst.extend_from_slice(value.as_bytes());
+/// Adds a value to the open line, or opens one with it.
+fn add_to_line(dst: &mut Vec<u8>, open: &mut bool, name: &HeaderName, value: &HeaderValue) {
+    if *open {
+        dst.extend_from_slice(b", ");
+        dst.extend_from_slice(value.as_bytes());
+    } else {
+        open_line(dst, name, value);
+        *open = true;
+    }
 }
 
 /// Ends the open line, if one is; a `Transfer-Encoding` whose last coding
