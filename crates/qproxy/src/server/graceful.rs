@@ -72,11 +72,11 @@ impl Watcher {
     }
 
     /// Serves `conn` to its end, shutting it down gracefully once asked.
-    pub(crate) async fn watch<C: Graceful>(mut self, conn: C) -> C::Output {
+    pub(crate) async fn watch<C: Graceful>(self, conn: C) -> C::Output {
         let mut conn = pin!(conn);
         tokio::select! {
             served = conn.as_mut() => return served,
-            _ = self.rx.wait_for(|stop| *stop) => {}
+            () = self.stopping() => {}
         }
         conn.as_mut().graceful_shutdown();
         conn.await
