@@ -64,7 +64,9 @@ pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
 
 /// Removes the hop-by-hop headers of a response bound for the client.
 pub fn prepare_response(headers: &mut HeaderMap) {
-    remove_hop_headers(headers);
+    if has_hop_headers(headers) {
+        remove_hop_headers(headers);
+    }
 }
 
 /// The protocol a message asks to switch to: the first `Upgrade` value when
@@ -94,9 +96,6 @@ fn has_hop_headers(headers: &HeaderMap) -> bool {
 }
 
 fn remove_hop_headers(headers: &mut HeaderMap) {
-    if !has_hop_headers(headers) {
-        return;
-    }
     if headers.contains_key(CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)

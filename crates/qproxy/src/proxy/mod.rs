@@ -188,8 +188,7 @@ impl Proxy {
         parts.version = Version::HTTP_11;
         let req = Request::from_parts(parts, body);
         let mut res = self.upstream.send_connect(req).await?;
-        hop::prepare_response(res.headers_mut());
-        res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
+        pass_on(&mut res);
         if res.status().is_success() {
             // What follows the head is the tunnel's: no body framing.
             res.headers_mut().remove(CONTENT_LENGTH);
@@ -294,12 +293,18 @@ fn answer(res: Result<Response<Body>, UpstreamError>) -> Response<Body> {
     }
 }
 
-/// The app's response, as Go's reverse proxy passes it on: hop-by-hop
-/// headers removed, the standard reason phrase.
-fn finish(mut res: Response<Body>) -> Response<Body> {
+/// The app's response head, as Go's reverse proxy passes it on:
+/// hop-by-hop headers removed, the standard reason phrase.
+fn pass_on<B>(res: &mut Response<B>) {
     hop::prepare_response(res.headers_mut());
     // Go's server writes the standard reason phrase, whatever the app's.
     res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
+}
+
+/// The app's response, [passed on](pass_on), its connection handed back
+/// at once when its body is already over.
+fn finish(mut res: Response<Body>) -> Response<Body> {
+    pass_on(&mut res);
     res.map(Body::released_if_ended)
 }
 
