@@ -679,16 +679,16 @@ def report(args, throughput, concurrency, footprint, allocations=None):
     return "\n".join(lines)
 
 
-def svg(args, throughput):
-    """Bars: proxy CPU per request and throughput on load 1, per variant."""
-    load = next(iter(throughput_loads(args)), None)
+def svg(args, throughput, load):
+    """Bars for one load: throughput and proxy CPU per request, every contender, per variant."""
     rows = []
     for variant in args.variants:
         for name in args.contenders:
             rounds = throughput.get((variant, load, name), [])
-            rows.append((f"{name} ({variant})", med(rounds, "rps") or 0, med(rounds, "cpu_us") or 0))
+            if rounds:
+                rows.append((f"{name} ({variant})", med(rounds, "rps") or 0, med(rounds, "cpu_us") or 0))
     width, bar_h, left = 760, 22, 200
-    height = 60 + len(rows) * (bar_h + 8) * 2 + 40
+    height = 60 + len(rows) * (bar_h + 6) * 2 + 40
     max_rps = max([r[1] for r in rows] + [1])
     max_cpu = max([r[2] for r in rows] + [1])
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
@@ -706,6 +706,12 @@ def svg(args, throughput):
         y += 10
     out.append("</svg>")
     return "\n".join(out)
+
+
+def svg_name(load):
+    """The picture's file for a load: load1.svg for "1 keep-alive c70"."""
+    return f"load{load.split()[0]}" + ("-" + re.sub(r"[^a-z0-9]+", "-", load.split(" ", 1)[1].lower()).strip("-")
+                                      if load.split()[0] == "4" else "") + ".svg"
 
 
 def main():
@@ -756,8 +762,11 @@ def main():
         sys.exit(1 if failed else 0)
 
     command = "benches/harness.py " + " ".join(sys.argv[1:])
-    with open(os.path.join(BENCHES, "load1.svg"), "w") as f:
-        f.write(svg(args, throughput))
+    pictures = []
+    for load in throughput_loads(args):
+        pictures.append(f"[{load.split()[0]}{' ' + load.split()[1] if load.split()[0] == '4' else ''}]({svg_name(load)})")
+        with open(os.path.join(BENCHES, svg_name(load)), "w") as f:
+            f.write(svg(args, throughput, load))
     cpu = ""
     with open("/proc/cpuinfo") as f:
         m = re.search(r"model name\s*:\s*(.*)", f.read())
@@ -767,7 +776,8 @@ def main():
               f"{args.rounds} rounds alternating contenders, {args.seconds} s per load, medians; pinned: proxy on "
               f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker, HAProxy one thread); unpinned: "
               f"no affinity. `qproxy` runs with Knative's default request metrics (Prometheus) on, "
-              f"`qproxy-nometrics` with them off. Picture: [load1.svg](load1.svg).\n\n")
+              f"`qproxy-nometrics` with them off. Pictures, one per load, every contender: "
+              f"{', '.join(pictures)}.\n\n")
     path = os.path.join(BENCHES, "RESULTS.md")
     with open(path) as f:
         text = f.read()
@@ -779,7 +789,7 @@ def main():
         text = text.rstrip() + "\n\n" + section + "\n"
     with open(path, "w") as f:
         f.write(text)
-    print(f"written: {path}, benches/load1.svg")
+    print(f"written: {path} and a picture per load")
 
 
 if __name__ == "__main__":
