@@ -1,0 +1,477 @@
+//! `qproxy-accel`, the node agent: accelerates every qproxy under a cgroup.
+//!
+//! ```text
+//! qproxy-accel --cgroup PATH --metrics-addr ADDR [--pin-dir DIR]
+//!              [--namespace NS]... [--process-name NAME] [--scan-interval SECS]
+//!              [--max-sockets N] [--allow-failed-check CHECK]...
+//! qproxy-accel self-test [--cgroup PATH]
+//! qproxy-accel detach [--pin-dir DIR]
+//! ```
+//!
+//! See `docs/accel.md`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    convert::Infallible,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::{body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use qproxy_accel::{Accel, accel, discover, selftest};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info, warn};
+
+const USAGE: &str = "usage: qproxy-accel --cgroup PATH --metrics-addr ADDR [--pin-dir DIR] \
+[--namespace NS]... [--process-name NAME] [--scan-interval SECS] [--max-sockets N] \
+[--allow-failed-check CHECK]...
+       qproxy-accel self-test [--cgroup PATH]
+       qproxy-accel detach [--pin-dir DIR]";
+
+const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/qproxy-accel";
+
+struct Args {
+    command: Command,
+    cgroup: Option<PathBuf>,
+    metrics_addr: Option<SocketAddr>,
+    pin_dir: PathBuf,
+    namespaces: BTreeSet<String>,
+    process_name: String,
+    scan_interval: Duration,
+    allow_failed: BTreeSet<String>,
+    max_sockets: u32,
+}
+
+enum Command {
+    Run,
+    SelfTest,
+    Detach,
+}
+
+fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut args = Args {
+        command: Command::Run,
+        cgroup: None,
+        metrics_addr: None,
+        pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+        namespaces: BTreeSet::new(),
+        process_name: "qproxy".to_owned(),
+        scan_interval: Duration::from_secs(2),
+        allow_failed: BTreeSet::new(),
+        max_sockets: accel::DEFAULT_MAX_SOCKETS,
+    };
+    let mut first = true;
+    while let Some(arg) = argv.next() {
+        let mut value = |name: &str| argv.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "self-test" if first => args.command = Command::SelfTest,
+            "detach" if first => args.command = Command::Detach,
+            "--cgroup" => args.cgroup = Some(PathBuf::from(value("--cgroup")?)),
+            "--metrics-addr" => {
+                let v = value("--metrics-addr")?;
+                args.metrics_addr = Some(
+                    v.parse()
+                        .map_err(|_| format!("--metrics-addr {v:?} is not an address and port"))?,
+                );
+            }
+            "--pin-dir" => args.pin_dir = PathBuf::from(value("--pin-dir")?),
+            "--namespace" => {
+                args.namespaces.insert(value("--namespace")?);
+            }
+            "--process-name" => args.process_name = value("--process-name")?,
+            "--scan-interval" => {
+                let v = value("--scan-interval")?;
+                let secs: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 3600.0)
+                    .ok_or(format!(
+                        "--scan-interval {v:?} is not a number of seconds (0 to 3600)"
+                    ))?;
+                args.scan_interval = Duration::from_secs_f64(secs);
+            }
+            "--allow-failed-check" => {
+                args.allow_failed.insert(value("--allow-failed-check")?);
+            }
+            "--max-sockets" => {
+                let v = value("--max-sockets")?;
+                args.max_sockets = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or(format!("--max-sockets {v:?} is not a positive number"))?;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+        first = false;
+    }
+    if matches!(args.command, Command::Run) {
+        if args.cgroup.is_none() {
+            return Err("--cgroup is required".to_owned());
+        }
+        if args.metrics_addr.is_none() {
+            return Err("--metrics-addr is required".to_owned());
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let mut argv = std::env::args().skip(1).peekable();
+    if argv.peek().map(String::as_str) == Some(selftest::PEER_ARG) {
+        let cgroup = argv.nth(1).map(PathBuf::from).unwrap_or_default();
+        return match selftest::peer(&cgroup) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("qproxy-accel self-test child: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = match parse(argv) {
+        Ok(args) => args,
+        Err(why) if why.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(why) => {
+            eprintln!("qproxy-accel: {why}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    match args.command {
+        Command::SelfTest => {
+            let cgroup = args
+                .cgroup
+                .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+            if self_test(&cgroup, &args.allow_failed) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Command::Detach => match accel::detach(&args.pin_dir) {
+            Ok(true) => {
+                info!(
+                    "detached the sockops program pinned under {}",
+                    args.pin_dir.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Ok(false) => {
+                info!("nothing attached under {}", args.pin_dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                error!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    error!("starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// Runs and logs the self-test; whether it passed, counting the checks in
+/// `allowed` (an operator's `--allow-failed-check`) as passed.
+fn self_test(cgroup: &Path, allowed: &BTreeSet<String>) -> bool {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            error!("self-test: cannot find this binary: {e}");
+            return false;
+        }
+    };
+    let report = selftest::run(&exe, cgroup);
+    for check in &report.checks {
+        if check.ok {
+            info!(check = %check.name, "self-test passed: {}", check.detail);
+        } else if allowed.contains(&check.name) {
+            warn!(
+                check = %check.name,
+                "self-test FAILED, allowed by --allow-failed-check: {}", check.detail
+            );
+        } else {
+            error!(check = %check.name, "self-test FAILED: {}", check.detail);
+        }
+    }
+    let passed = !report.checks.is_empty()
+        && report
+            .checks
+            .iter()
+            .all(|c| c.ok || allowed.contains(&c.name));
+    metrics::gauge!("qproxy_accel_self_test_passed").set(if passed { 1.0 } else { 0.0 });
+    for check in &report.checks {
+        if !check.ok {
+            metrics::gauge!("qproxy_accel_self_test_failed", "check" => check.name.clone())
+                .set(1.0);
+        }
+    }
+    passed
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let (Some(cgroup), Some(metrics_addr)) = (args.cgroup.clone(), args.metrics_addr) else {
+        return Err("--cgroup and --metrics-addr are required".to_owned());
+    };
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("metrics: {e}"))?;
+    describe();
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .map_err(|e| format!("--metrics-addr {metrics_addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(serve_metrics(listener, handle, ready.clone()));
+    info!("metrics on http://{bound}/metrics");
+
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+
+    metrics::gauge!("qproxy_accel_attached").set(0.0);
+    let cgroup_for_test = cgroup.clone();
+    let allowed = args.allow_failed.clone();
+    let passed = tokio::task::spawn_blocking(move || self_test(&cgroup_for_test, &allowed))
+        .await
+        .unwrap_or(false);
+    if !passed {
+        warn!(
+            "the kernel failed the self-test: nothing is attached, every connection stays on TCP; \
+             the agent stays up to say so (not ready, qproxy_accel_attached 0)"
+        );
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        return Ok(());
+    }
+
+    let mut accel =
+        Accel::load(Some(&args.pin_dir), args.max_sockets).map_err(|e| e.to_string())?;
+    accel.attach(&cgroup).map_err(|e| e.to_string())?;
+    info!(
+        "attached under {} (maps pinned in {})",
+        cgroup.display(),
+        args.pin_dir.join(accel::PIN_VERSION).display()
+    );
+    metrics::gauge!("qproxy_accel_attached").set(1.0);
+    ready.store(true, Ordering::Release);
+
+    // netns inode → (cookie, user port), for the qproxies found.
+    let mut known: BTreeMap<u64, (u64, u16)> = BTreeMap::new();
+    // Processes already warned about, so that each is said once.
+    let mut unreadable: BTreeSet<u32> = BTreeSet::new();
+    let mut tick = tokio::time::interval(args.scan_interval);
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = tick.tick() => {
+                scan(&args, &cgroup, &mut accel, &mut known, &mut unreadable);
+                export(&accel);
+            }
+        }
+    }
+    ready.store(false, Ordering::Release);
+    match accel::detach(&args.pin_dir) {
+        Ok(_) => info!(
+            "detached: new connections stay on TCP; connections already redirected keep \
+             their path until they close (maps stay pinned in {})",
+            args.pin_dir.display()
+        ),
+        Err(e) => error!("detaching: {e}"),
+    }
+    Ok(())
+}
+
+/// Allows the network namespaces of the qproxies under the cgroup, and
+/// disallows those of qproxies gone.
+fn scan(
+    args: &Args,
+    cgroup: &Path,
+    accel: &mut Accel,
+    known: &mut BTreeMap<u64, (u64, u16)>,
+    unreadable: &mut BTreeSet<u32>,
+) {
+    let proc = Path::new("/proc");
+    let pids = match discover::pids_under(cgroup) {
+        Ok(pids) => pids,
+        Err(e) => {
+            warn!("reading the cgroup {}: {e}", cgroup.display());
+            return;
+        }
+    };
+    let mut seen = BTreeSet::new();
+    unreadable.retain(|pid| pids.contains(pid));
+    for pid in pids {
+        let sidecar = match discover::sidecar(proc, pid, &args.process_name) {
+            Ok(Some(sidecar)) => sidecar,
+            Ok(None) => continue,
+            Err(e) => {
+                if unreadable.insert(pid) {
+                    warn!(
+                        pid,
+                        "a {} process that cannot be read: {e}", args.process_name
+                    );
+                }
+                continue;
+            }
+        };
+        if !args.namespaces.is_empty()
+            && !sidecar
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| args.namespaces.contains(ns))
+        {
+            continue;
+        }
+        seen.insert(sidecar.netns_inode);
+        if let Some((_, port)) = known.get(&sidecar.netns_inode)
+            && *port == sidecar.user_port
+        {
+            continue;
+        }
+        match discover::netns_cookie(proc, pid) {
+            Ok(cookie) => match accel.allow(cookie, sidecar.user_port) {
+                Ok(()) => {
+                    info!(
+                        pid,
+                        user_port = sidecar.user_port,
+                        namespace = sidecar.namespace.as_deref().unwrap_or(""),
+                        "accelerating"
+                    );
+                    known.insert(sidecar.netns_inode, (cookie, sidecar.user_port));
+                }
+                Err(e) => warn!(pid, "allowing its network namespace: {e}"),
+            },
+            Err(e) => warn!(pid, "finding its network namespace's cookie: {e}"),
+        }
+    }
+    known.retain(|inode, (cookie, _)| {
+        if seen.contains(inode) {
+            return true;
+        }
+        if let Err(e) = accel.disallow(*cookie) {
+            warn!("disallowing a namespace whose qproxy is gone: {e}");
+        }
+        false
+    });
+    metrics::gauge!("qproxy_accel_namespaces").set(known.len() as f64);
+}
+
+fn describe() {
+    metrics::describe_counter!(
+        "qproxy_accel_redirected_messages_total",
+        "Messages handed straight to the peer socket, skipping loopback TCP."
+    );
+    metrics::describe_counter!(
+        "qproxy_accel_redirected_bytes_total",
+        "Bytes of those messages."
+    );
+    metrics::describe_counter!(
+        "qproxy_accel_fallbacks_total",
+        "Connections left on TCP (their peer was not in the map at their first message), and \
+         messages whose peer had left the map."
+    );
+    metrics::describe_counter!(
+        "qproxy_accel_insert_failures_total",
+        "Sockets that qualified but could not join the map (full, or out of memory)."
+    );
+    metrics::describe_counter!(
+        "qproxy_accel_inserted_total",
+        "Sockets that joined the map, two per accelerated connection."
+    );
+    metrics::describe_gauge!("qproxy_accel_sockets", "Sockets in the map now.");
+    metrics::describe_gauge!(
+        "qproxy_accel_namespaces",
+        "Network namespaces (pods) whose qproxy is accelerated."
+    );
+    metrics::describe_gauge!(
+        "qproxy_accel_attached",
+        "1 when the programs are attached; 0 when the kernel failed the self-test."
+    );
+}
+
+fn export(accel: &Accel) {
+    match accel.counters() {
+        Ok(c) => {
+            metrics::counter!("qproxy_accel_redirected_messages_total")
+                .absolute(c.redirected_messages);
+            metrics::counter!("qproxy_accel_redirected_bytes_total").absolute(c.redirected_bytes);
+            metrics::counter!("qproxy_accel_fallbacks_total").absolute(c.fallbacks);
+            metrics::counter!("qproxy_accel_insert_failures_total").absolute(c.insert_failures);
+            metrics::counter!("qproxy_accel_inserted_total").absolute(c.inserted);
+        }
+        Err(e) => warn!("reading the counters: {e}"),
+    }
+    match accel.sockets() {
+        Ok(n) => metrics::gauge!("qproxy_accel_sockets").set(n as f64),
+        Err(e) => warn!("counting the sockets: {e}"),
+    }
+}
+
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+    ready: Arc<AtomicBool>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let handle = handle.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let (status, body) = match req.uri().path() {
+                    "/metrics" => (StatusCode::OK, handle.render()),
+                    "/ready" if ready.load(Ordering::Acquire) => {
+                        (StatusCode::OK, "ready\n".to_owned())
+                    }
+                    "/ready" => (StatusCode::SERVICE_UNAVAILABLE, "not attached\n".to_owned()),
+                    _ => (StatusCode::NOT_FOUND, String::new()),
+                };
+                let mut response = Response::new(Full::new(Bytes::from(body)));
+                *response.status_mut() = status;
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,437 @@
+//! The kernel gate's second half: before attaching anything, the agent
+//! runs the programs on a loopback echo of its own and checks what apps
+//! rely on. A failed check attaches nothing.
+//!
+//! The echo runs in a child process (this binary, [`PEER_ARG`]) in a
+//! network namespace of its own, inside a cgroup of its own under the
+//! agent's, with programs and maps loaded for the test alone: nothing of
+//! it touches a pod. The child checks:
+//!
+//! - **integrity**: concurrent connections echo 1 B to 1 MiB each way,
+//!   byte for byte;
+//! - **half-close**: a peer that shuts its writing side down is seen to
+//!   end only after every byte before it;
+//! - **FIONREAD**: a socket reports the bytes waiting for it, both when
+//!   they came redirected and when they came over TCP to a socket in the
+//!   map (a connection left on TCP: kernels with commit 929e30f93125 and
+//!   without its fix report 0 there, and apps that size reads with
+//!   FIONREAD wait forever);
+//! - **edge-triggered epoll**: every redirected message wakes an
+//!   `EPOLLET` waiter;
+//!
+//! and the agent then checks that the echo was redirected at all.
+
+use std::{
+    fs,
+    io::{self, BufRead, BufReader, Read, Write},
+    net::{Shutdown, TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use rustix::event::{PollFd, PollFlags, epoll};
+
+use crate::{Accel, kernel};
+
+/// The argument that makes the agent's binary the self-test's child.
+pub const PEER_ARG: &str = "__self-test-peer";
+
+/// One check and how it went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// Its name.
+    pub name: String,
+    /// Passed?
+    pub ok: bool,
+    /// What was seen.
+    pub detail: String,
+}
+
+/// Every check of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// In the order they ran.
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.ok)
+    }
+
+    /// The failed checks, one line each.
+    pub fn failures(&self) -> Vec<String> {
+        self.checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect()
+    }
+
+    fn push(&mut self, name: &str, ok: bool, detail: impl Into<String>) {
+        self.checks.push(Check {
+            name: name.to_owned(),
+            ok,
+            detail: detail.into(),
+        });
+    }
+}
+
+/// Runs the self-test: the kernel version, then the echo, with `exe` (this
+/// binary) as its child, in a cgroup made for it under `cgroup`.
+pub fn run(exe: &Path, cgroup: &Path) -> Report {
+    let mut report = Report::default();
+    let release = kernel::release();
+    match kernel::check(&release) {
+        Ok(()) => report.push("kernel", true, release),
+        Err(why) => {
+            report.push("kernel", false, why);
+            return report;
+        }
+    }
+    let dir = cgroup.join(format!("qproxy-accel-selftest-{}", std::process::id()));
+    if let Err(e) = fs::create_dir(&dir) {
+        report.push(
+            "setup",
+            false,
+            format!("creating the cgroup {}: {e}", dir.display()),
+        );
+        return report;
+    }
+    let outcome = echo(exe, &dir, &mut report);
+    // The child has been reaped: the cgroup is empty.
+    let _ = fs::remove_dir(&dir);
+    if let Err(why) = outcome {
+        report.push("setup", false, why);
+    }
+    report
+}
+
+fn echo(exe: &Path, dir: &Path, report: &mut Report) -> Result<(), String> {
+    let mut accel = Accel::load(None, 1024).map_err(|e| chain(&e))?;
+    accel.attach(dir).map_err(|e| chain(&e))?;
+    let mut child = Command::new(exe)
+        .arg(PEER_ARG)
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting the self-test's child {}: {e}", exe.display()))?;
+    let result = talk(&mut child, &mut accel, report);
+    let _ = child.kill();
+    let _ = child.wait();
+    result?;
+    let counters = accel.counters().map_err(|e| e.to_string())?;
+    report.push(
+        "redirected",
+        counters.redirected_messages > 0,
+        format!(
+            "{} messages, {} bytes redirected; {} fallbacks",
+            counters.redirected_messages, counters.redirected_bytes, counters.fallbacks
+        ),
+    );
+    Ok(())
+}
+
+fn talk(child: &mut Child, accel: &mut Accel, report: &mut Report) -> Result<(), String> {
+    let stdout = child.stdout.take().ok_or("the child has no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = lines
+        .next()
+        .ok_or("the self-test's child ended before it was ready")?
+        .map_err(|e| e.to_string())?;
+    let mut words = ready.split_whitespace();
+    let (Some("ready"), Some(netns), Some(port)) = (words.next(), words.next(), words.next())
+    else {
+        return Err(format!("the self-test's child said {ready:?}"));
+    };
+    let netns: u64 = netns
+        .parse()
+        .map_err(|_| format!("bad cookie in {ready:?}"))?;
+    let port: u16 = port.parse().map_err(|_| format!("bad port in {ready:?}"))?;
+    accel.allow(netns, port).map_err(|e| e.to_string())?;
+    let mut stdin = child.stdin.take().ok_or("the child has no stdin")?;
+    writeln!(stdin, "go").map_err(|e| e.to_string())?;
+    for line in lines {
+        let line = line.map_err(|e| e.to_string())?;
+        if line == "done" {
+            return Ok(());
+        }
+        if let Some(rest) = line.strip_prefix("ok ") {
+            let (name, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+            report.push(name, true, detail);
+        } else if let Some(rest) = line.strip_prefix("fail ") {
+            let (name, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+            report.push(name, false, detail);
+        }
+    }
+    Err("the self-test's child ended before it was done".to_owned())
+}
+
+/// An error with its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The self-test's child: enters its own network namespace and cgroup,
+/// then runs the echo's checks, printing one line each. Returns when it
+/// is done; an error is a setup failure.
+pub fn peer(cgroup: &Path) -> io::Result<()> {
+    crate::sys::unshare_netns()?;
+    crate::sys::loopback_up()?;
+    // A listener made before joining the test's cgroup: the sockets it
+    // accepts are not the programs', so a connection to it is one whose
+    // peer is not in the map (it stays on TCP).
+    let outside = TcpListener::bind("127.0.0.1:0")?;
+    let port = outside.local_addr()?.port();
+    fs::write(cgroup.join("cgroup.procs"), "0")?;
+    let inside = TcpListener::bind(("127.0.0.2", port))?;
+    let netns = crate::sys::netns_cookie(&inside)?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "ready {netns} {port}")?;
+    out.flush()?;
+    let mut go = String::new();
+    io::stdin().read_line(&mut go)?;
+    let checks: [(&str, Probe); 4] = [
+        ("integrity", check_integrity),
+        ("fionread-redirected", check_fionread_redirected),
+        ("fionread-tcp", check_fionread_tcp),
+        ("epoll-edge", check_epoll_edge),
+    ];
+    for (name, check) in checks {
+        match check(&inside, &outside) {
+            Ok(detail) => writeln!(out, "ok {name} {detail}")?,
+            Err(detail) => writeln!(out, "fail {name} {detail}")?,
+        }
+        out.flush()?;
+    }
+    writeln!(out, "done")?;
+    out.flush()
+}
+
+/// One check of the echo: the listener inside the programs' cgroup, and
+/// the one outside it; what was seen, or why it failed.
+type Probe = fn(&TcpListener, &TcpListener) -> Result<String, String>;
+
+// Every wait of a check is on a condition; the deadline only bounds a
+// failure, and is long enough for a node busy starting its pods.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn connect(listener: &TcpListener) -> Result<(TcpStream, TcpStream), String> {
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let client = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let (server, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(DEADLINE))
+            .map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(DEADLINE))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok((client, server))
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Four connections at once, each writing 1 B to 1 MiB and reading the
+/// echo back; the client's half-close must reach the server only after
+/// every byte, and the server's after every echoed byte.
+fn check_integrity(inside: &TcpListener, _: &TcpListener) -> Result<String, String> {
+    let sizes = [1usize, 100, 4096, 65_536, 1 << 20];
+    let mut pairs = Vec::new();
+    for _ in 0..4 {
+        pairs.push(connect(inside)?);
+    }
+    let mut handles = Vec::new();
+    for (i, (client, server)) in pairs.into_iter().enumerate() {
+        let echo = thread::spawn(move || -> Result<u64, String> {
+            let mut server = server;
+            let mut buf = [0u8; 16 * 1024];
+            let mut total = 0u64;
+            loop {
+                let n = server
+                    .read(&mut buf)
+                    .map_err(|e| format!("server read: {e}"))?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+                server
+                    .write_all(&buf[..n])
+                    .map_err(|e| format!("server write: {e}"))?;
+            }
+            server
+                .shutdown(Shutdown::Write)
+                .map_err(|e| e.to_string())?;
+            Ok(total)
+        });
+        let sent: Vec<u8> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(j, &n)| pattern((i * 10 + j) as u64, n))
+            .collect();
+        let writer = {
+            let mut client = client.try_clone().map_err(|e| e.to_string())?;
+            let sent = sent.clone();
+            thread::spawn(move || -> Result<(), String> {
+                client
+                    .write_all(&sent)
+                    .map_err(|e| format!("client write: {e}"))?;
+                client.shutdown(Shutdown::Write).map_err(|e| e.to_string())
+            })
+        };
+        handles.push((client, sent, echo, writer));
+    }
+    let mut bytes = 0;
+    for (mut client, sent, echo, writer) in handles {
+        let mut got = Vec::with_capacity(sent.len());
+        client
+            .read_to_end(&mut got)
+            .map_err(|e| format!("client read: {e}"))?;
+        writer.join().map_err(|_| "writer panicked")??;
+        let echoed = echo.join().map_err(|_| "echo panicked")??;
+        if echoed != sent.len() as u64 {
+            return Err(format!(
+                "the server saw {echoed} of {} bytes before EOF",
+                sent.len()
+            ));
+        }
+        if got != sent {
+            let at = got
+                .iter()
+                .zip(&sent)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(sent.len()));
+            return Err(format!(
+                "echo differs at byte {at}: {} bytes back of {}",
+                got.len(),
+                sent.len()
+            ));
+        }
+        bytes += sent.len();
+    }
+    Ok(format!(
+        "{bytes} bytes each way on 4 connections, half-closed"
+    ))
+}
+
+/// Waits until `want` bytes can be read from `socket` (seen with
+/// `MSG_PEEK`, which takes nothing), then asks `FIONREAD` once.
+fn wait_fionread(socket: &TcpStream, want: usize) -> Result<(), String> {
+    let start = Instant::now();
+    let mut peek = vec![0u8; want + 1];
+    loop {
+        let left = DEADLINE.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(format!("{want} bytes never arrived"));
+        }
+        let timeout = rustix::event::Timespec {
+            tv_sec: left.as_secs() as _,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        let mut fds = [PollFd::new(socket, PollFlags::IN)];
+        rustix::event::poll(&mut fds, Some(&timeout)).map_err(|e| format!("poll: {e}"))?;
+        let waiting = socket.peek(&mut peek).map_err(|e| format!("peek: {e}"))?;
+        if waiting >= want {
+            break;
+        }
+    }
+    let reported = rustix::io::ioctl_fionread(socket).map_err(|e| format!("FIONREAD: {e}"))?;
+    if reported == want as u64 {
+        Ok(())
+    } else {
+        Err(format!(
+            "FIONREAD says {reported} with {want} bytes waiting"
+        ))
+    }
+}
+
+fn check_fionread_redirected(inside: &TcpListener, _: &TcpListener) -> Result<String, String> {
+    let (mut client, server) = connect(inside)?;
+    client.write_all(&[7u8; 1000]).map_err(|e| e.to_string())?;
+    wait_fionread(&server, 1000)?;
+    Ok("1000 bytes waiting, 1000 reported".to_owned())
+}
+
+fn check_fionread_tcp(_: &TcpListener, outside: &TcpListener) -> Result<String, String> {
+    // The client is in the map, its peer is not: its first message finds
+    // no peer and the connection stays on TCP; what it receives comes
+    // over TCP to a socket in the map.
+    let (mut client, mut server) = connect(outside)?;
+    client.write_all(b"hello").map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 5];
+    server.read_exact(&mut buf).map_err(|e| e.to_string())?;
+    server.write_all(&[9u8; 1000]).map_err(|e| e.to_string())?;
+    wait_fionread(&client, 1000)?;
+    Ok("1000 bytes waiting, 1000 reported".to_owned())
+}
+
+fn check_epoll_edge(inside: &TcpListener, _: &TcpListener) -> Result<String, String> {
+    let (mut client, server) = connect(inside)?;
+    server.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| e.to_string())?;
+    epoll::add(
+        &ep,
+        &server,
+        epoll::EventData::new_u64(1),
+        epoll::EventFlags::IN | epoll::EventFlags::ET,
+    )
+    .map_err(|e| e.to_string())?;
+    let rounds = 200;
+    let mut server = server;
+    let mut buf = [0u8; 4096];
+    for round in 0..rounds {
+        client
+            .write_all(&[round as u8; 100])
+            .map_err(|e| e.to_string())?;
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(4);
+        let timeout = rustix::event::Timespec {
+            tv_sec: DEADLINE.as_secs() as _,
+            tv_nsec: 0,
+        };
+        let woken = epoll::wait(
+            &ep,
+            rustix::buffer::spare_capacity(&mut events),
+            Some(&timeout),
+        )
+        .map_err(|e| e.to_string())?;
+        if woken == 0 {
+            return Err(format!("no wake-up for message {round} of {rounds}"));
+        }
+        let mut got = 0;
+        loop {
+            match server.read(&mut buf) {
+                Ok(0) => return Err("early EOF".to_owned()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        if got != 100 {
+            return Err(format!(
+                "message {round}: read {got} of 100 bytes after its wake-up"
+            ));
+        }
+    }
+    Ok(format!("{rounds} messages, {rounds} wake-ups"))
+}

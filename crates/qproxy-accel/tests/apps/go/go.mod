@@ -1,0 +1,3 @@
+module qproxy.dev/accel-test-app
+
+go 1.22

@@ -1,0 +1,458 @@
+//! The accelerator on the real kernel, as root: the self-test, the gate,
+//! redirection proven from the sockets' own counts, bodies byte for byte,
+//! pods on identical ports, connection churn, and the agent restarted
+//! under load. Each test that cannot run here says SKIPPED loudly
+//! (`QPROXY_ACCEL_REQUIRED=1`, as `scripts/test` sets it, fails instead).
+
+// A test fails by panicking, with what went wrong.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// This machine's kernel (6.18.44) carries commit 929e30f93125 without a
+/// fix: a socket in the map that receives over TCP reports 0 bytes to
+/// FIONREAD. The gate refuses it; the tests of the accelerated path accept
+/// that one failure explicitly, as an operator whose apps never size their
+/// reads with FIONREAD may (docs/accel.md). On a kernel that passes, the
+/// flag changes nothing.
+const ACCEPT_FIONREAD: [&str; 2] = ["--allow-failed-check", "fionread-tcp"];
+
+async fn client(pod: &Pod) -> SendRequest<Full<Bytes>> {
+    let stream = pod.connect(8012);
+    stream.set_nonblocking(true).unwrap();
+    let io = TokioIo::new(tokio::net::TcpStream::from_std(stream).unwrap());
+    let (send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn.with_upgrades());
+    send
+}
+
+async fn call(
+    send: &mut SendRequest<Full<Bytes>>,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Bytes) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "app.example")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    send.ready()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: the connection to qproxy: {e}"));
+    let res = send
+        .send_request(req)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, body)
+}
+
+/// `n` echoes of `body` on one connection, each checked.
+async fn echo_n(send: &mut SendRequest<Full<Bytes>>, body: &[u8], n: u64) {
+    for _ in 0..n {
+        let (status, echoed) = call(send, "POST", "/echo", body.to_vec()).await;
+        assert_eq!(status, 200);
+        assert!(echoed[..] == body[..], "the echo of {} bytes", body.len());
+    }
+}
+
+fn checks_in(stderr: &str) -> Vec<(String, bool)> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("self-test"))
+        .filter_map(|l| {
+            let name = l
+                .split("check=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some((name, l.contains("self-test passed")))
+        })
+        .collect()
+}
+
+#[test]
+fn the_self_test_passes_but_for_known_kernel_bugs() {
+    let Some(k) = kernel("the_self_test_passes_but_for_known_kernel_bugs") else {
+        return;
+    };
+    let out = Command::new(agent_bin())
+        .args(["self-test", "--cgroup"])
+        .arg(&k.cgroup)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    let checks = checks_in(&stderr);
+    for name in [
+        "kernel",
+        "integrity",
+        "fionread-redirected",
+        "epoll-edge",
+        "redirected",
+    ] {
+        assert!(
+            checks.contains(&(name.to_owned(), true)),
+            "check {name} passes: {checks:?}"
+        );
+    }
+    let fionread_tcp = checks
+        .iter()
+        .find(|(n, _)| n == "fionread-tcp")
+        .map(|(_, ok)| *ok)
+        .expect("the FIONREAD check over TCP ran");
+    assert_eq!(
+        out.status.success(),
+        fionread_tcp,
+        "the exit code is the verdict"
+    );
+}
+
+#[test]
+fn a_kernel_that_fails_the_self_test_gets_nothing_attached() {
+    let Some(k) = kernel("a_kernel_that_fails_the_self_test_gets_nothing_attached") else {
+        return;
+    };
+    let (_pod, qp) = app_pod(&k, "a");
+    let agent = Agent::start(&k, &[]);
+    let verdict = until("the agent's verdict", || {
+        if agent.logged("attached under") {
+            Some(true)
+        } else if agent.logged("nothing is attached") {
+            Some(false)
+        } else {
+            None
+        }
+    });
+    if verdict {
+        loud("SKIPPED the refusal half: this kernel passes the self-test");
+        assert_eq!(agent.get("/ready").0, 200);
+        return;
+    }
+    assert_eq!(agent.get("/ready").0, 503, "not ready");
+    assert_eq!(agent.metric("qproxy_accel_attached"), Some(0.0));
+    assert!(
+        !k.pin_dir().join("v1/sockops_link").exists(),
+        "no program is attached"
+    );
+    assert!(!agent.logged(&format!("pid={qp} ")), "no pod is allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bytes_between_qproxy_and_the_app_skip_tcp() {
+    let Some(k) = kernel("the_bytes_between_qproxy_and_the_app_skip_tcp") else {
+        return;
+    };
+    let body = pattern_bytes(64 * 1024);
+    let requests = 50u64;
+    let total = requests * body.len() as u64;
+
+    // Without the agent: the app's socket receives every request byte over
+    // TCP.
+    let (control, _) = app_pod(&k, "control");
+    let mut send = client(&control).await;
+    echo_n(&mut send, &body, requests).await;
+    let (over_tcp, _) = control.tcp_received(8080);
+    assert!(
+        over_tcp >= total,
+        "without the agent {over_tcp} of {total} bytes came over TCP"
+    );
+    drop(control);
+
+    // With it, in a pod started after it.
+    let agent = Agent::start(&k, &ACCEPT_FIONREAD);
+    agent.wait_log("the programs attached", "attached under");
+    let (pod, qp) = app_pod(&k, "accelerated");
+    agent.wait_accelerating(qp);
+    let mut send = client(&pod).await;
+    echo_n(&mut send, &body, requests).await;
+    let (over_tcp, sockets) = pod.tcp_received(8080);
+    assert!(sockets >= 1, "qproxy keeps its connection to the app");
+    assert!(
+        over_tcp < total / 100,
+        "with the agent only {over_tcp} of {total} bytes came over TCP"
+    );
+    let redirected = agent.wait_metric("qproxy_accel_redirected_bytes_total", |v| {
+        v >= (2 * total) as f64
+    });
+    assert!(redirected >= (2 * total) as f64);
+    assert_eq!(agent.get("/ready").0, 200);
+    assert!(agent.terminate(), "the agent exits cleanly on SIGTERM");
+}
+
+async fn upgrade_echo(pod: &Pod, data: &[u8]) -> Vec<u8> {
+    let mut send = client(pod).await;
+    let req = Request::builder()
+        .uri("/upgrade")
+        .header("host", "app.example")
+        .header("connection", "upgrade")
+        .header("upgrade", "test-echo")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SWITCHING_PROTOCOLS);
+    let upgraded = hyper::upgrade::on(res).await.unwrap();
+    let (mut rd, mut wr) = tokio::io::split(TokioIo::new(upgraded));
+    let data = data.to_vec();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&data).await.unwrap();
+        wr.shutdown().await.unwrap();
+    });
+    let mut back = Vec::new();
+    rd.read_to_end(&mut back).await.unwrap();
+    writer.await.unwrap();
+    back
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_arrive_whole_both_ways() {
+    let Some(t) = accelerated("bodies_arrive_whole_both_ways", &ACCEPT_FIONREAD) else {
+        return;
+    };
+    let (pod, agent) = (Arc::new(t.pod), t.agent);
+
+    let sizes = [1usize, 1000, 64 * 1024, 1 << 20, 16 << 20];
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let pod = pod.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut send = client(&pod).await;
+            for (i, &n) in sizes.iter().enumerate() {
+                let n = n + worker * 7 + i;
+                let body = pattern_bytes(n);
+                let (status, echoed) = call(&mut send, "POST", "/echo", body.clone()).await;
+                assert_eq!(status, 200);
+                assert!(echoed[..] == body[..], "echo of {n} bytes");
+                let (status, got) = call(&mut send, "GET", &format!("/bytes?n={n}"), vec![]).await;
+                assert_eq!(status, 200);
+                assert!(got[..] == body[..], "{n} bytes with a length");
+                let chunk = 1 + (n / 5).min(100_000);
+                let (status, got) = call(
+                    &mut send,
+                    "GET",
+                    &format!("/chunked?n={n}&chunk={chunk}"),
+                    vec![],
+                )
+                .await;
+                assert_eq!(status, 200);
+                assert!(got[..] == body[..], "{n} bytes chunked by {chunk}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // A tunnel after an upgrade, half-closed by the client: the app's EOF
+    // comes after every byte, and the echo after it.
+    for n in [1usize, 100_000, 4 << 20] {
+        let data = pattern_bytes(n);
+        let back = upgrade_echo(&pod, &data).await;
+        assert!(
+            back == data,
+            "upgrade echo of {n} bytes: {} back",
+            back.len()
+        );
+    }
+    let (over_tcp, _) = pod.tcp_received(8080);
+    let redirected = agent.wait_metric("qproxy_accel_redirected_bytes_total", |v| v > 0.0);
+    assert!(
+        (over_tcp as f64) < redirected / 100.0,
+        "{over_tcp} bytes over TCP against {redirected} redirected"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_on_the_same_ports_never_cross() {
+    let Some(k) = kernel("pods_on_the_same_ports_never_cross") else {
+        return;
+    };
+    let agent = Agent::start(&k, &ACCEPT_FIONREAD);
+    agent.wait_log("the programs attached", "attached under");
+    let (a, qa) = app_pod(&k, "pod-a");
+    let (b, qb) = app_pod(&k, "pod-b");
+    agent.wait_accelerating(qa);
+    agent.wait_accelerating(qb);
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let mut tasks = Vec::new();
+    for (pod, id) in [(a.clone(), "pod-a"), (b.clone(), "pod-b")] {
+        for _ in 0..3 {
+            let pod = pod.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut send = client(&pod).await;
+                for _ in 0..300 {
+                    let (status, body) = call(&mut send, "GET", "/", vec![]).await;
+                    assert_eq!(status, 200);
+                    assert_eq!(
+                        &body[..],
+                        format!("{id}\n").as_bytes(),
+                        "each pod hears its own app"
+                    );
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for pod in [&a, &b] {
+        let (over_tcp, _) = pod.tcp_received(8080);
+        assert!(
+            over_tcp < 10_000,
+            "{over_tcp} bytes over TCP in {}",
+            pod.netns
+        );
+    }
+}
+
+#[test]
+fn short_connections_leave_the_map_as_it_was() {
+    let Some(t) = accelerated(
+        "short_connections_leave_the_map_as_it_was",
+        &ACCEPT_FIONREAD,
+    ) else {
+        return;
+    };
+    let (mut pod, agent) = (t.pod, t.agent);
+    let before = agent.wait_metric("qproxy_accel_inserted_total", |_| true);
+    let fallbacks = agent.wait_metric("qproxy_accel_fallbacks_total", |_| true);
+    let connections = 100_000u64;
+    // Short connections to the app's port from inside the pod (its
+    // network namespace and its cgroup), as a health checker or another
+    // container of the pod would make: each joins the map at both ends and
+    // leaves it when it closes.
+    let churn = format!("{connections}");
+    assert!(
+        // About half a minute alone; longer beside the other tests.
+        pod.run(
+            Duration::from_secs(300),
+            &go_app(),
+            &["-addr", "127.0.0.1:8080", "-churn", &churn]
+        ),
+        "every short connection is answered"
+    );
+    agent.wait_metric("qproxy_accel_inserted_total", |v| {
+        v >= before + (2 * connections) as f64
+    });
+    // Both ends were in the map before either wrote: each request and
+    // each answer was redirected, none fell back to TCP.
+    agent.wait_metric("qproxy_accel_redirected_messages_total", |v| {
+        v >= (2 * connections) as f64
+    });
+    let fell_back = agent.metric("qproxy_accel_fallbacks_total").unwrap() - fallbacks;
+    eprintln!("{fell_back} of {connections} short connections fell back to TCP");
+    assert!(
+        fell_back < (connections / 100) as f64,
+        "{fell_back} fell back"
+    );
+    // Back to the sockets of the connections still open (qproxy's to the
+    // app), two each.
+    until("the map to hold only the open connections", || {
+        let (_, open) = pod.tcp_received(8080);
+        let in_map = agent.metric("qproxy_accel_sockets")?;
+        (in_map as usize == 2 * open).then_some(())
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_agent_under_load_fails_nothing() {
+    let Some(t) = accelerated(
+        "restarting_the_agent_under_load_fails_nothing",
+        &ACCEPT_FIONREAD,
+    ) else {
+        return;
+    };
+    let (pod, agent, k) = (Arc::new(t.pod), t.agent, &t.kernel);
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for worker in 0..4 {
+        let (pod, stop, served) = (pod.clone(), stop.clone(), served.clone());
+        load.push(tokio::spawn(async move {
+            let body = pattern_bytes(10_000 + worker);
+            while !stop.load(Ordering::Relaxed) {
+                // A new connection to qproxy now and then, so that qproxy
+                // opens new ones to the app too.
+                let mut send = client(&pod).await;
+                for _ in 0..50 {
+                    let (status, echoed) = call(&mut send, "POST", "/echo", body.clone()).await;
+                    assert_eq!(status, 200, "every request succeeds");
+                    assert!(echoed[..] == body[..]);
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let before = agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v > 1000.0);
+    assert!(agent.terminate(), "the first agent exits cleanly");
+    let mid = served.load(Ordering::Relaxed);
+    until("requests served while no agent runs", || {
+        (served.load(Ordering::Relaxed) > mid + 500).then_some(())
+    });
+    let agent = Agent::start(k, &ACCEPT_FIONREAD);
+    agent.wait_log("the programs attached again", "attached under");
+    // The same pinned maps: the counters carry on from where they were.
+    let after = agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v > before);
+    assert!(after > before);
+    let mid = served.load(Ordering::Relaxed);
+    until("requests served after the restart", || {
+        (served.load(Ordering::Relaxed) > mid + 500).then_some(())
+    });
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.await.unwrap();
+    }
+}
+
+/// The capabilities `deploy/accel-daemonset.yaml` grants, and no more:
+/// `CAP_NET_ADMIN` (network BPF programs and maps, the self-test's loopback),
+/// `CAP_SYS_ADMIN` (the self-test's network namespace; it also covers what
+/// `CAP_BPF` would), `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH` (the
+/// environment and a socket of a qproxy that runs as another user).
+const AGENT_CAPS: &str = "-all,+net_admin,+sys_admin,+sys_ptrace,+dac_read_search";
+
+#[test]
+fn the_agent_needs_only_the_capabilities_it_is_given() {
+    let Some(k) = kernel("the_agent_needs_only_the_capabilities_it_is_given") else {
+        return;
+    };
+    let bounding = format!("--bounding-set={AGENT_CAPS}");
+    let wrapper = [
+        "setpriv",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        bounding.as_str(),
+        "--",
+    ];
+    let agent = Agent::start_wrapped(&k, &wrapper, &ACCEPT_FIONREAD);
+    agent.wait_log("the programs attached", "attached under");
+    let (pod, qp) = app_pod_as(&k, "nonroot", Some(65532));
+    agent.wait_accelerating(qp);
+    let mut pod = pod;
+    assert!(pod.run(
+        DEADLINE,
+        &go_app(),
+        &["-addr", "127.0.0.1:8080", "-churn", "100"]
+    ));
+    agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v >= 200.0);
+}

@@ -1,0 +1,562 @@
+//! What the accelerator's tests share: the kernel prerequisites, pods made
+//! of a network namespace and a cgroup, the agent as a child process, and
+//! the test app.
+//!
+//! Every wait is on a condition with a deadline.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::{
+    fs,
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+/// How long any single wait may take.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+static SERIAL: AtomicUsize = AtomicUsize::new(0);
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SERIAL.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Waits until `f` gives something, or fails the test naming `what`.
+pub fn until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    until_within(DEADLINE, what, f)
+}
+
+/// [`until`] with a deadline of its own, for the long waits.
+pub fn until_within<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The machine this test needs: root, a cgroup2 mount, bpffs, and the
+/// agent built with its programs. `None` (after saying SKIPPED loudly)
+/// when it is not this machine, unless `QPROXY_ACCEL_REQUIRED` is set, as
+/// `scripts/test` sets it: then a missing prerequisite fails the test.
+pub fn kernel(test: &str) -> Option<Kernel> {
+    let why = if !cfg!(feature = "bpf") {
+        Some("built without the bpf feature (cargo test -p qproxy-accel --features bpf)")
+    } else if !rustix::process::geteuid().is_root() {
+        Some("not root")
+    } else if cgroup2_mount().is_none() {
+        Some("no cgroup2 mount")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        if std::env::var_os("QPROXY_ACCEL_REQUIRED").is_some() {
+            panic!("{test}: cannot run: {why}");
+        }
+        loud(&format!("SKIPPED {test}: {why}"));
+        return None;
+    }
+    let root = cgroup2_mount()?.join(unique("qpa-test"));
+    fs::create_dir(&root).unwrap();
+    let bpffs = std::env::temp_dir().join(unique("qpa-bpffs"));
+    fs::create_dir_all(&bpffs).unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&bpffs)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mounting bpffs at {}", bpffs.display());
+    Some(Kernel {
+        cgroup: root,
+        bpffs,
+    })
+}
+
+/// Says `what` on the test's stderr past libtest's capture (which takes
+/// only the print macros), so that a skip is seen even when tests pass.
+pub fn loud(what: &str) {
+    let _ = std::io::stderr().write_all(format!("\n*** {what} ***\n").as_bytes());
+}
+
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+        (kind == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
+
+/// A cgroup for the test's pods and a bpffs of its own for the agent's
+/// pins; both removed when dropped.
+pub struct Kernel {
+    /// The cgroup the agent is given (`--cgroup`); pods are below it.
+    pub cgroup: PathBuf,
+    /// A bpffs mount (`--pin-dir` goes below it).
+    pub bpffs: PathBuf,
+}
+
+impl Kernel {
+    /// The pin directory for the agent.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs.join("qproxy-accel")
+    }
+
+    /// A new pod under the test's cgroup.
+    pub fn pod(&self) -> Pod {
+        Pod::new(&self.cgroup)
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.bpffs).status();
+        let _ = fs::remove_dir(&self.bpffs);
+        remove_cgroup(&self.cgroup);
+    }
+}
+
+fn remove_cgroup(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup(&e.path());
+            }
+        }
+    }
+    let _ = fs::write(dir.join("cgroup.kill"), "1");
+    until("the cgroup to empty", || {
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .map_or(Some(()), |p| p.trim().is_empty().then_some(()))
+    });
+    let _ = fs::remove_dir(dir);
+}
+
+/// A pod: a network namespace with its loopback up, and a cgroup; the
+/// processes started in it are in both from their first instruction.
+pub struct Pod {
+    /// The namespace's name (`ip netns`).
+    pub netns: String,
+    /// The pod's cgroup.
+    pub cgroup: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Pod {
+    fn new(parent: &Path) -> Self {
+        let netns = unique("qpa");
+        let ok = Command::new("ip")
+            .args(["netns", "add", &netns])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "ip netns add {netns}");
+        let ok = Command::new("ip")
+            .args(["-n", &netns, "link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let cgroup = parent.join(&netns);
+        fs::create_dir(&cgroup).unwrap();
+        Pod {
+            netns,
+            cgroup,
+            children: Vec::new(),
+        }
+    }
+
+    /// Starts `program` in the pod with exactly `env`; its process ID.
+    pub fn spawn(&mut self, program: &Path, args: &[&str], env: &[(String, String)]) -> u32 {
+        let procs = self.cgroup.join("cgroup.procs");
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$0" && exec ip netns exec "$@""#)
+            .arg(&procs)
+            .arg(&self.netns)
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+
+    /// Runs `program` in the pod to its end, for at most `deadline`;
+    /// whether it exited 0.
+    pub fn run(&mut self, deadline: Duration, program: &Path, args: &[&str]) -> bool {
+        let pid = self.spawn(program, args, &[]);
+        let i = self.children.iter().position(|c| c.id() == pid).unwrap();
+        let mut child = self.children.remove(i);
+        let status = until_within(
+            deadline,
+            &format!("{} to finish", program.display()),
+            || child.try_wait().unwrap(),
+        );
+        status.success()
+    }
+
+    /// Kills the process `pid` started in this pod and waits for it.
+    pub fn kill(&mut self, pid: u32) {
+        if let Some(i) = self.children.iter().position(|c| c.id() == pid) {
+            let mut c = self.children.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs `f` in a thread inside the pod's network namespace: the sockets
+    /// it makes belong to the pod, whichever thread uses them afterwards.
+    pub fn inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let ns = fs::File::open(format!("/run/netns/{}", self.netns)).unwrap();
+        thread::spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// A connection to `port` on the pod's loopback.
+    pub fn connect(&self, port: u16) -> TcpStream {
+        self.inside(move || TcpStream::connect(("127.0.0.1", port)).unwrap())
+    }
+
+    /// Waits until something in the pod accepts connections on `port`.
+    pub fn wait_listening(&self, port: u16) {
+        until(&format!("port {port} in {}", self.netns), || {
+            self.inside(move || TcpStream::connect(("127.0.0.1", port)).ok())
+        });
+    }
+
+    /// What the pod's sockets with local port `port` received over TCP, in
+    /// total (`ss`'s `bytes_received`), and how many are established.
+    pub fn tcp_received(&self, port: u16) -> (u64, usize) {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.netns,
+                "ss",
+                "-tinH",
+                "state",
+                "established",
+            ])
+            .arg(format!("( sport = :{port} )"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut total = 0;
+        let mut sockets = 0;
+        for word in text.split_whitespace() {
+            if let Some(n) = word.strip_prefix("bytes_received:") {
+                total += n.parse::<u64>().unwrap();
+            }
+            if word.starts_with("cubic") || word.starts_with("reno") || word.starts_with("bbr") {
+                sockets += 1;
+            }
+        }
+        (total, sockets)
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        remove_cgroup(&self.cgroup);
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+/// The agent's binary, built with this test.
+pub fn agent_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_qproxy-accel"))
+}
+
+/// A running agent, stopped (SIGKILL) when dropped.
+pub struct Agent {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    /// Its metrics server.
+    pub metrics: SocketAddr,
+}
+
+impl Agent {
+    /// Starts the agent on the test's cgroup and pins, with `extra`
+    /// arguments, and waits for its metrics server.
+    pub fn start(kernel: &Kernel, extra: &[&str]) -> Self {
+        Self::start_wrapped(kernel, &[], extra)
+    }
+
+    /// The same, run by `wrapper` (a command and its arguments, the agent
+    /// after them), such as `setpriv` with fewer capabilities.
+    pub fn start_wrapped(kernel: &Kernel, wrapper: &[&str], extra: &[&str]) -> Self {
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(agent_bin());
+                c
+            }
+            None => Command::new(agent_bin()),
+        };
+        let mut child = command
+            .arg("--cgroup")
+            .arg(&kernel.cgroup)
+            .arg("--pin-dir")
+            .arg(kernel.pin_dir())
+            .args(["--metrics-addr", "127.0.0.1:0", "--scan-interval", "0.1"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = lines.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("agent: {line}");
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut agent = Agent {
+            child,
+            lines,
+            metrics: "0.0.0.0:0".parse().unwrap(),
+        };
+        let line = agent.wait_log("the metrics server", "metrics on http://");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.split('/').next())
+            .unwrap();
+        agent.metrics = addr.parse().unwrap();
+        agent
+    }
+
+    /// The first log line containing `needle`, waited for.
+    pub fn wait_log(&self, what: &str, needle: &str) -> String {
+        until(what, || {
+            self.lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned()
+        })
+    }
+
+    /// Whether some log line contains `needle` now.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    /// Waits until the agent allows the network namespace of process `pid`.
+    pub fn wait_accelerating(&self, pid: u32) {
+        self.wait_log(
+            &format!("the agent to accelerate pid {pid}"),
+            &format!("pid={pid} "),
+        );
+    }
+
+    /// `GET path` on the metrics server: status and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(self.metrics).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let status = text[9..12].parse().unwrap();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// The value of an unlabelled series, if exported yet.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics");
+        body.lines().find_map(|l| {
+            let (n, v) = l.split_once(' ')?;
+            (n == name).then(|| v.trim().parse().ok())?
+        })
+    }
+
+    /// Waits until series `name` satisfies `pred`; its value.
+    pub fn wait_metric(&self, name: &str, pred: impl Fn(f64) -> bool) -> f64 {
+        until(&format!("{name} to reach its expected value"), || {
+            self.metric(name).filter(|v| pred(*v))
+        })
+    }
+
+    /// Sends SIGTERM and waits for the agent to exit; whether it exited 0.
+    pub fn terminate(mut self) -> bool {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = until("the agent to exit", || self.child.try_wait().unwrap());
+        status.success()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test app (tests/apps/go), built once into target/.
+pub fn go_app() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/go");
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("accel-go-app");
+            let ok = Command::new("go")
+                .args(["build", "-o"])
+                .arg(&out)
+                .arg(".")
+                .current_dir(&dir)
+                .env("CGO_ENABLED", "0")
+                .status()
+                .expect("go builds the test app");
+            assert!(ok.success(), "go build in {}", dir.display());
+            out
+        })
+        .clone()
+}
+
+/// The byte at offset `i` of every body the test app makes.
+pub fn pattern(i: u64) -> u8 {
+    ((i * 7 + i / 251) % 256) as u8
+}
+
+/// `len` bytes of the pattern from offset 0.
+pub fn pattern_bytes(len: usize) -> Vec<u8> {
+    (0..len as u64).map(pattern).collect()
+}
+
+/// The qproxy binary: QPROXY_BIN, or the workspace's debug build.
+pub fn qproxy_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("QPROXY_BIN") {
+        return PathBuf::from(bin);
+    }
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/qproxy");
+    assert!(
+        bin.exists(),
+        "{} is missing: build qproxy (cargo build -p qproxy) or set QPROXY_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// Knative's default environment for a queue-proxy in front of an app on
+/// 8080, with its own default ports (each pod has its own loopback).
+pub fn qproxy_env() -> Vec<(String, String)> {
+    qproxy::config::knative_defaults(qproxy::config::Generation::Classic, 8080)
+        .iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// A pod running the Go test app on 8080 and qproxy in front of it on
+/// 8012; the pod and qproxy's process ID.
+pub fn app_pod(kernel: &Kernel, id: &str) -> (Pod, u32) {
+    app_pod_as(kernel, id, None)
+}
+
+/// The same, with qproxy run as user and group `uid` (Knative's image runs
+/// it as 65532), when given.
+pub fn app_pod_as(kernel: &Kernel, id: &str, uid: Option<u32>) -> (Pod, u32) {
+    let mut pod = kernel.pod();
+    let app = go_app();
+    pod.spawn(&app, &["-addr", "127.0.0.1:8080", "-id", id], &[]);
+    pod.wait_listening(8080);
+    let qproxy = qproxy_bin();
+    let qp = match uid {
+        None => pod.spawn(&qproxy, &[], &qproxy_env()),
+        Some(uid) => {
+            let (reuid, regid) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+            let args = [
+                reuid.as_str(),
+                regid.as_str(),
+                "--clear-groups",
+                qproxy.to_str().unwrap(),
+            ];
+            pod.spawn(Path::new("setpriv"), &args, &qproxy_env())
+        }
+    };
+    pod.wait_listening(8012);
+    (pod, qp)
+}
+
+/// A pod whose qproxy the agent accelerates, the agent, and the kernel
+/// setup under them; dropped in that order. Tests move the parts they use
+/// out of it and keep the rest alive: a pattern that left `kernel` to `..`
+/// would drop it at once, and the pod's cgroup with it.
+pub struct Accelerated {
+    /// The pod: the Go test app and qproxy.
+    pub pod: Pod,
+    /// qproxy's process.
+    pub qproxy: u32,
+    /// The agent, attached, accepting the kernel's FIONREAD failure.
+    pub agent: Agent,
+    /// The cgroup and bpffs of the test.
+    pub kernel: Kernel,
+}
+
+/// The common start of a test of the accelerated path: the agent attached
+/// with `extra` arguments, then a pod started after it, allowed. `None`
+/// when the test cannot run here.
+pub fn accelerated(test: &str, extra: &[&str]) -> Option<Accelerated> {
+    let kernel = kernel(test)?;
+    let agent = Agent::start(&kernel, extra);
+    agent.wait_log("the programs attached", "attached under");
+    let (pod, qproxy) = app_pod(&kernel, test);
+    agent.wait_accelerating(qproxy);
+    Some(Accelerated {
+        pod,
+        qproxy,
+        agent,
+        kernel,
+    })
+}
