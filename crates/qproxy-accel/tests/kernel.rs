@@ -283,6 +283,31 @@ async fn bodies_arrive_whole_both_ways() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_app_gets_every_byte() {
+    let Some(k) = kernel("a_python_app_gets_every_byte") else {
+        return;
+    };
+    let agent = Agent::start(&k, &ACCEPT_FIONREAD);
+    agent.wait_log("the programs attached", "attached under");
+    let (pod, qp) = python_pod(&k);
+    agent.wait_accelerating(qp);
+    let mut send = client(&pod).await;
+    for n in [1usize, 1000, 64 * 1024, 1 << 20, 16 << 20] {
+        let body = pattern_bytes(n);
+        echo_n(&mut send, &body, 1).await;
+        let (status, got) = call(&mut send, "GET", &format!("/bytes?n={n}"), vec![]).await;
+        assert_eq!(status, 200);
+        assert!(got[..] == body[..], "{n} bytes from the app");
+    }
+    let (over_tcp, _) = pod.tcp_received(8080);
+    let redirected = agent.wait_metric("qproxy_accel_redirected_bytes_total", |v| v > 0.0);
+    assert!(
+        (over_tcp as f64) < redirected / 100.0,
+        "{over_tcp} bytes over TCP against {redirected} redirected"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_on_the_same_ports_never_cross() {
     let Some(k) = kernel("pods_on_the_same_ports_never_cross") else {
         return;
@@ -455,4 +480,50 @@ fn the_agent_needs_only_the_capabilities_it_is_given() {
         &["-addr", "127.0.0.1:8080", "-churn", "100"]
     ));
     agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v >= 200.0);
+}
+
+#[test]
+fn a_full_map_leaves_new_connections_on_tcp() {
+    // Room for 8 sockets: 2 for qproxy's connection to the app, then 3 of
+    // the 20 held ones; the others stay on TCP and answer all the same.
+    let Some(t) = accelerated(
+        "a_full_map_leaves_new_connections_on_tcp",
+        &["--allow-failed-check", "fionread-tcp", "--max-sockets", "8"],
+    ) else {
+        return;
+    };
+    let (mut pod, agent) = (t.pod, t.agent);
+    assert!(
+        pod.run(
+            DEADLINE,
+            &go_app(),
+            &["-addr", "127.0.0.1:8080", "-hold", "20"]
+        ),
+        "every request on every connection is answered"
+    );
+    // The 40 sockets of the held connections: at most 8 found room.
+    agent.wait_metric("qproxy_accel_insert_failures_total", |v| v >= 32.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_app_reading_a_large_upload() {
+    let Some(t) = accelerated("a_slow_app_reading_a_large_upload", &ACCEPT_FIONREAD) else {
+        return;
+    };
+    let (pod, agent) = (t.pod, t.agent);
+    let body = pattern_bytes(32 << 20);
+    let mut send = client(&pod).await;
+    // The app reads 8 MiB a second: qproxy's writes outrun it for four
+    // seconds, and nothing on the redirect path pushes back on its
+    // receive buffer.
+    let (status, answer) = call(&mut send, "POST", "/sum?rate=8388608", body.clone()).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    eprintln!("status {status}: {answer}");
+    assert_eq!(status, 200, "the upload arrives: {answer}");
+    assert!(answer.starts_with(&format!("{} ", body.len())), "{answer}");
+    let redirected = agent.wait_metric("qproxy_accel_redirected_bytes_total", |v| v > 0.0);
+    assert!(
+        redirected >= body.len() as f64,
+        "{redirected} bytes redirected"
+    );
 }

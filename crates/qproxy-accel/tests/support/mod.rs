@@ -507,9 +507,26 @@ pub fn app_pod(kernel: &Kernel, id: &str) -> (Pod, u32) {
 /// The same, with qproxy run as user and group `uid` (Knative's image runs
 /// it as 65532), when given.
 pub fn app_pod_as(kernel: &Kernel, id: &str, uid: Option<u32>) -> (Pod, u32) {
-    let mut pod = kernel.pod();
     let app = go_app();
-    pod.spawn(&app, &["-addr", "127.0.0.1:8080", "-id", id], &[]);
+    pod_with(kernel, &app, &["-addr", "127.0.0.1:8080", "-id", id], uid)
+}
+
+/// A pod running the Python test app (tests/apps/python) on 8080 and
+/// qproxy in front of it; the pod and qproxy's process ID.
+pub fn python_pod(kernel: &Kernel) -> (Pod, u32) {
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/python/app.py");
+    let app = app.to_str().unwrap();
+    pod_with(
+        kernel,
+        Path::new("python3"),
+        &[app, "-addr", "127.0.0.1:8080"],
+        None,
+    )
+}
+
+fn pod_with(kernel: &Kernel, app: &Path, args: &[&str], uid: Option<u32>) -> (Pod, u32) {
+    let mut pod = kernel.pod();
+    pod.spawn(app, args, &[]);
     pod.wait_listening(8080);
     let qproxy = qproxy_bin();
     let qp = match uid {

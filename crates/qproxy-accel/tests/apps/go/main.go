@@ -40,9 +40,13 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "listen address")
 	id := flag.String("id", "app", "what / answers, to tell apps apart")
 	churn := flag.Int("churn", 0, "instead of serving: make this many short connections to -addr, GET / on each, and exit")
+	hold := flag.Int("hold", 0, "instead of serving: open this many connections to -addr, GET / twice on each while all are open, and exit")
 	flag.Parse()
 	if *churn > 0 {
 		os.Exit(shortConnections(*addr, *churn))
+	}
+	if *hold > 0 {
+		os.Exit(heldConnections(*addr, *hold))
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -177,6 +181,38 @@ func shortConnections(addr string, n int) int {
 	if failed > 0 {
 		log.Printf("%d of %d connections failed", failed, n)
 		return 1
+	}
+	return 0
+}
+
+// heldConnections opens n keep-alive connections to addr, all at once,
+// and sends GET / twice on each; it returns 0 when every answer was a 200.
+func heldConnections(addr string, n int) int {
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			log.Printf("connection %d: %v", i, err)
+			return 1
+		}
+		conns = append(conns, c)
+	}
+	for round := 0; round < 2; round++ {
+		for i, c := range conns {
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != 200 {
+				log.Printf("connection %d, round %d: %v", i, round, err)
+				return 1
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
 	}
 	return 0
 }
