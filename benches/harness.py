@@ -12,6 +12,7 @@ for the TLS loads, openssl, and root with unshare for the Go queue-proxy
 """
 
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -120,6 +121,8 @@ def build(args):
         out["grpc-request"] = os.path.join(ROOT, "target", "bench", "grpc-request")
         with open(out["grpc-request"], "wb") as f:
             f.write(bytes(5))
+    if "qproxy-accel" in args.contenders:
+        out["accel"] = accel_setup()
     if any(n in args.loads for n in TLS_LOAD_NUMBERS):
         out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
@@ -142,6 +145,41 @@ def make_certs(folder):
                     "-addext", "subjectAltName=DNS:data-plane.knative.dev,DNS:kn-user-default"],
                    check=True, capture_output=True)
     return folder
+
+
+def accel_setup():
+    """The eBPF accelerator's agent (built with its programs), a cgroup for
+    the qproxy-accel contender's app and qproxy, and a bpffs of the run's
+    own for the agent's pins; removed when the harness exits."""
+    if os.geteuid() != 0:
+        sys.exit("harness: the qproxy-accel contender loads BPF programs: run as root")
+    subprocess.run(["cargo", "build", "--release", "-p", "qproxy-accel", "--features", "bpf", "--locked"],
+                   cwd=ROOT, check=True)
+    with open("/proc/self/mounts") as f:
+        cg2 = next((line.split()[1] for line in f if line.split()[2] == "cgroup2"), None)
+    if not cg2:
+        sys.exit("harness: the qproxy-accel contender needs a cgroup2 mount")
+    cgroup = os.path.join(cg2, f"qproxy-bench-accel-{os.getpid()}")
+    os.mkdir(cgroup)
+    pins = tempfile.mkdtemp(prefix="qproxy-bench-bpffs-")
+    subprocess.run(["mount", "-t", "bpf", "bpf", pins], check=True)
+
+    def teardown():
+        subprocess.run(["umount", pins], check=False)
+        shutil.rmtree(pins, ignore_errors=True)
+        try:
+            os.rmdir(cgroup)
+        except OSError:
+            pass
+    atexit.register(teardown)
+    return {"agent": os.path.join(ROOT, "target", "release", "qproxy-accel"), "cgroup": cgroup,
+            "pins": os.path.join(pins, "qproxy-accel")}
+
+
+def in_cgroup(cgroup, argv):
+    """`argv` in `cgroup` from its first instruction (its sockets are the
+    cgroup's), keeping its PID."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + argv
 
 
 def with_knative_certs(certs, argv):
@@ -183,6 +221,9 @@ class Contender:
         self.name, self.bins, self.variant, self.cc, self.tls = name, bins, variant, cc, tls
         self.procs, self.tmp = [], None
         self.port = self.h2_port = self.tls_port = None
+        # The qproxy-accel contender runs an app of its own, in the
+        # accelerator's cgroup, and the agent beside it.
+        self.app, self.agent, self.agent_log = None, None, None
 
     @property
     def proxy_cpu(self):
@@ -196,6 +237,8 @@ class Contender:
         self.port = free_port()
         self.h2_port = self.port
         self.tls_port = free_port() if self.tls else None
+        if name == "qproxy-accel":
+            app_port = self.start_accel()
         if name.startswith("qproxy"):
             env = knative_env(app_port, self.port, self.cc, metrics=(name != "qproxy-nometrics"))
             env.update(QPROXY_ADMIN_PORT="0", QPROXY_STATS_PORT="0", QPROXY_METRICS_PORT="0",
@@ -205,6 +248,9 @@ class Contender:
             if name == "qproxy":
                 env.update(kv.split("=", 1) for kv in self.bins.get("qproxy-env", []))
             argv = [self.bins["qproxy-base" if name == "qproxy-base" else "qproxy"]]
+            if name == "qproxy-accel":
+                argv = in_cgroup(self.bins["accel"]["cgroup"], pin(cpu, argv))
+                cpu = None
         elif name == "go-qp":
             env = knative_env(app_port, self.port, self.cc)
             if self.variant == "pinned":
@@ -245,8 +291,38 @@ class Contender:
                              start_new_session=True)
         self.procs.append(p)
         wait_for(f"{name} to serve", lambda: get(self.port)[0] == 200)
+        if name == "qproxy-accel":
+            wait_for("the agent to accelerate qproxy", lambda: f"pid={p.pid} " in self.agent_text())
         if self.tls:
             wait_for(f"{name} to serve TLS", lambda: get_tls(self.tls_port)[0] == 200)
+
+    def start_accel(self):
+        """Starts the contender's own app in the accelerator's cgroup, and
+        the agent; the app's port."""
+        acc = self.bins["accel"]
+        port = free_port()
+        cpu = 1 if self.variant == "pinned" else None
+        self.app = subprocess.Popen(in_cgroup(acc["cgroup"], pin(cpu, [self.bins["app"], "-addr",
+                                                                        f"127.0.0.1:{port}"])),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for("the accelerated app", lambda: get(port)[0] == 200)
+        self.agent_log = tempfile.NamedTemporaryFile(prefix="qproxy-bench-agent-", suffix=".log")
+        # This machine's kernel fails the self-test's fionread-tcp check
+        # (benches/README.md): accepted here, as the Go app never asks.
+        self.agent = subprocess.Popen([acc["agent"], "--cgroup", acc["cgroup"], "--pin-dir", acc["pins"],
+                                       "--metrics-addr", "127.0.0.1:0", "--scan-interval", "0.1",
+                                       "--allow-failed-check", "fionread-tcp"],
+                                      stdout=subprocess.DEVNULL, stderr=self.agent_log, start_new_session=True)
+        wait_for("the agent to attach", lambda: "attached under" in self.agent_text())
+        return port
+
+    def agent_text(self):
+        with open(self.agent_log.name) as f:
+            return f.read()
+
+    @property
+    def app_pid(self):
+        return self.app.pid if self.app else None
 
     def pids(self):
         if self.name == "direct":
@@ -265,6 +341,15 @@ class Contender:
                 pass
             p.wait()
         self.procs = []
+        if self.agent:
+            # SIGTERM: the agent detaches, as in a rollout.
+            self.agent.send_signal(signal.SIGTERM)
+            self.agent.wait()
+            self.agent = None
+            self.agent_log.close()
+        if self.app:
+            stop(self.app)
+            self.app = None
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
@@ -532,7 +617,7 @@ def run_throughput(args, bins):
                             if not args.smoke:
                                 port, scheme = (c.tls_port, "https") if tls else (c.port, "http")
                                 run_wrk(bins, port, "/", 10, 1, 1 if variant == "pinned" else None, scheme)
-                            r = measured(c, bins, warm, args, app.pid)
+                            r = measured(c, bins, warm, args, c.app_pid or app.pid)
                         finally:
                             c.stop()
                         results.setdefault((variant, load_name, name), []).append(r)
