@@ -27,6 +27,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#define EEXIST 17
 #define AF_INET 2
 #define AF_INET6 10
 
@@ -57,7 +58,8 @@ enum counter {
 	COUNTER_FALLBACKS = 2,
 	COUNTER_INSERT_FAILURES = 3,
 	COUNTER_INSERTED = 4,
-	COUNTER_LEN = 5,
+	COUNTER_PEER_GONE = 5,
+	COUNTER_LEN = 6,
 };
 
 struct {
@@ -141,6 +143,7 @@ int qpa_sockops(struct bpf_sock_ops *skops)
 	__u32 *user_port;
 	__u32 *verdict;
 	struct bpf_sock *sk;
+	long err;
 
 	if (skops->op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB &&
 	    skops->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
@@ -177,7 +180,11 @@ int qpa_sockops(struct bpf_sock_ops *skops)
 	}
 	*verdict = VERDICT_UNDECIDED;
 
-	if (bpf_sock_hash_update(skops, &qpa_socks, &key, BPF_NOEXIST) != 0) {
+	err = bpf_sock_hash_update(skops, &qpa_socks, &key, BPF_NOEXIST);
+	// Already there: while an agent replaces another, both programs run.
+	if (err == -EEXIST)
+		return 1;
+	if (err != 0) {
 		count(COUNTER_INSERT_FAILURES, 1);
 		return 1;
 	}
@@ -222,9 +229,12 @@ int qpa_msg(struct sk_msg_md *msg)
 	// No peer: on the first message, TCP for good. Later (the peer has
 	// closed and left the map), this message goes the way TCP would take
 	// it, to a socket that no longer reads.
-	if (*verdict == VERDICT_UNDECIDED)
+	if (*verdict == VERDICT_UNDECIDED) {
 		*verdict = VERDICT_TCP;
-	count(COUNTER_FALLBACKS, 1);
+		count(COUNTER_FALLBACKS, 1);
+	} else {
+		count(COUNTER_PEER_GONE, 1);
+	}
 	return SK_PASS;
 }
 

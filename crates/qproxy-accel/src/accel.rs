@@ -129,6 +129,17 @@ impl Accel {
             }
         }
         let mut ebpf = loader.load(object)?;
+        if pins.is_some()
+            && let Some(aya::maps::Map::SockHash(data)) = ebpf.map("qpa_socks")
+            && let Ok(info) = data.info()
+            && info.max_entries() != max_sockets
+        {
+            tracing::warn!(
+                "the pinned sockhash holds {} sockets, not the {max_sockets} asked: a pinned \
+                 map keeps its size (remove the pins, with no socket in the map, to change it)",
+                info.max_entries()
+            );
+        }
         let sockops: &mut SockOps = prog(&mut ebpf, "qpa_sockops")?;
         sockops
             .load()
@@ -142,7 +153,8 @@ impl Accel {
     ///
     /// With pins, both stay attached after this process exits: the sockops
     /// link is pinned (replacing one a previous agent left, which is
-    /// detached first), and the sk_msg program stays on the pinned map.
+    /// detached once the new one is attached), and the sk_msg program stays
+    /// on the pinned map.
     /// Without pins, both are detached when this value is dropped.
     pub fn attach(&mut self, cgroup: &Path) -> Result<(), Error> {
         let cgroup_dir = File::open(cgroup).map_err(|source| Error::Cgroup {
@@ -169,19 +181,17 @@ impl Accel {
             std::mem::forget(link);
         }
 
-        if let Some(pins) = &pins {
-            let path = pins.join(SOCKOPS_LINK);
-            if path.exists() {
-                detach_pinned(&path)?;
-            }
-        }
-        let sockops: &mut SockOps = prog(&mut self.ebpf, "qpa_sockops")?;
         // A bpf_link (Linux 5.7) takes no flags: links to one cgroup always
         // run side by side, so other programs there are left alone.
+        let sockops: &mut SockOps = prog(&mut self.ebpf, "qpa_sockops")?;
         let link = sockops
             .attach(&cgroup_dir, CgroupAttachMode::Single)
             .map_err(program("attaching sockops to the cgroup"))?;
         if let Some(pins) = &pins {
+            // The new link is attached before the one a previous agent left
+            // is detached, so that no connection is made with neither (it
+            // would stay on TCP for its life); in between, both insert and
+            // the second finds the socket there already.
             let link = sockops
                 .take_link(link)
                 .map_err(program("taking the sockops link"))?;
@@ -193,10 +203,23 @@ impl Accel {
                     source: io::Error::other(e),
                 })?;
             let path = pins.join(SOCKOPS_LINK);
-            link.pin(&path).map_err(|e| Error::Pin {
+            // bpffs takes no dot in a name.
+            let fresh = pins.join(format!("{SOCKOPS_LINK}_new"));
+            if fresh.exists() {
+                detach_pinned(&fresh)?;
+            }
+            link.pin(&fresh).map_err(|e| Error::Pin {
                 what: "pinning the sockops link at",
-                path,
+                path: fresh.clone(),
                 source: io::Error::other(e),
+            })?;
+            if path.exists() {
+                detach_pinned(&path)?;
+            }
+            fs::rename(&fresh, &path).map_err(|source| Error::Pin {
+                what: "renaming the sockops link to",
+                path,
+                source,
             })?;
         }
         Ok(())

@@ -265,10 +265,21 @@ async fn run(args: Args) -> Result<(), String> {
     metrics::gauge!("qproxy_accel_attached").set(0.0);
     let cgroup_for_test = cgroup.clone();
     let allowed = args.allow_failed.clone();
-    let passed = tokio::task::spawn_blocking(move || self_test(&cgroup_for_test, &allowed))
-        .await
-        .unwrap_or(false);
+    let test = tokio::task::spawn_blocking(move || self_test(&cgroup_for_test, &allowed));
+    let passed = tokio::select! {
+        passed = test => passed.unwrap_or(false),
+        // The self-test's child dies with the agent (PR_SET_PDEATHSIG).
+        _ = term.recv() => return Ok(()),
+        _ = int.recv() => return Ok(()),
+    };
     if !passed {
+        // An agent killed before it could detach left its program
+        // attached: on a kernel that fails now, nothing may stay.
+        match accel::detach(&args.pin_dir) {
+            Ok(true) => warn!("detached the sockops program a previous agent left attached"),
+            Ok(false) => {}
+            Err(e) => error!("detaching what a previous agent left attached: {e}"),
+        }
         warn!(
             "the kernel failed the self-test: nothing is attached, every connection stays on TCP; \
              the agent stays up to say so (not ready, qproxy_accel_attached 0)"
@@ -292,16 +303,21 @@ async fn run(args: Args) -> Result<(), String> {
     ready.store(true, Ordering::Release);
 
     // netns inode → (cookie, user port), for the qproxies found.
-    let mut known: BTreeMap<u64, (u64, u16)> = BTreeMap::new();
+    let mut known: BTreeMap<u64, Allowed> = BTreeMap::new();
     // Processes already warned about, so that each is said once.
     let mut unreadable: BTreeSet<u32> = BTreeSet::new();
     let mut tick = tokio::time::interval(args.scan_interval);
+    let mut first = true;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = tick.tick() => {
                 scan(&args, &cgroup, &mut accel, &mut known, &mut unreadable);
+                if first {
+                    forget_gone(&mut accel, &known);
+                    first = false;
+                }
                 export(&accel);
             }
         }
@@ -318,13 +334,39 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// A network namespace allowed: its cookie, the port allowed in it, and the
+/// qproxy it was allowed for.
+struct Allowed {
+    cookie: u64,
+    user_port: u16,
+    pid: u32,
+}
+
+/// Disallows the namespaces a previous agent allowed (the map is pinned)
+/// whose qproxy is gone: found by no scan since this agent started.
+fn forget_gone(accel: &mut Accel, known: &BTreeMap<u64, Allowed>) {
+    let live: BTreeSet<u64> = known.values().map(|a| a.cookie).collect();
+    match accel.allowed() {
+        Ok(allowed) => {
+            for (cookie, _) in allowed {
+                if !live.contains(&cookie)
+                    && let Err(e) = accel.disallow(cookie)
+                {
+                    warn!("disallowing a namespace left by a previous agent: {e}");
+                }
+            }
+        }
+        Err(e) => warn!("reading the namespaces a previous agent allowed: {e}"),
+    }
+}
+
 /// Allows the network namespaces of the qproxies under the cgroup, and
 /// disallows those of qproxies gone.
 fn scan(
     args: &Args,
     cgroup: &Path,
     accel: &mut Accel,
-    known: &mut BTreeMap<u64, (u64, u16)>,
+    known: &mut BTreeMap<u64, Allowed>,
     unreadable: &mut BTreeSet<u32>,
 ) {
     let proc = Path::new("/proc");
@@ -360,8 +402,12 @@ fn scan(
             continue;
         }
         seen.insert(sidecar.netns_inode);
-        if let Some((_, port)) = known.get(&sidecar.netns_inode)
-            && *port == sidecar.user_port
+        // The same qproxy with the same port: nothing to do. A namespace's
+        // inode number can be reused by a later pod, so another process
+        // means the cookie is looked up again.
+        if let Some(a) = known.get(&sidecar.netns_inode)
+            && a.pid == sidecar.pid
+            && a.user_port == sidecar.user_port
         {
             continue;
         }
@@ -374,18 +420,28 @@ fn scan(
                         namespace = sidecar.namespace.as_deref().unwrap_or(""),
                         "accelerating"
                     );
-                    known.insert(sidecar.netns_inode, (cookie, sidecar.user_port));
+                    let allowed = Allowed {
+                        cookie,
+                        user_port: sidecar.user_port,
+                        pid: sidecar.pid,
+                    };
+                    if let Some(old) = known.insert(sidecar.netns_inode, allowed)
+                        && old.cookie != cookie
+                        && let Err(e) = accel.disallow(old.cookie)
+                    {
+                        warn!("disallowing a namespace gone: {e}");
+                    }
                 }
                 Err(e) => warn!(pid, "allowing its network namespace: {e}"),
             },
             Err(e) => warn!(pid, "finding its network namespace's cookie: {e}"),
         }
     }
-    known.retain(|inode, (cookie, _)| {
+    known.retain(|inode, allowed| {
         if seen.contains(inode) {
             return true;
         }
-        if let Err(e) = accel.disallow(*cookie) {
+        if let Err(e) = accel.disallow(allowed.cookie) {
             warn!("disallowing a namespace whose qproxy is gone: {e}");
         }
         false
@@ -404,8 +460,11 @@ fn describe() {
     );
     metrics::describe_counter!(
         "qproxy_accel_fallbacks_total",
-        "Connections left on TCP (their peer was not in the map at their first message), and \
-         messages whose peer had left the map."
+        "Connections left on TCP: their peer was not in the map at their first message."
+    );
+    metrics::describe_counter!(
+        "qproxy_accel_peer_gone_total",
+        "Messages of redirected connections sent after the peer had closed."
     );
     metrics::describe_counter!(
         "qproxy_accel_insert_failures_total",
@@ -435,6 +494,7 @@ fn export(accel: &Accel) {
             metrics::counter!("qproxy_accel_fallbacks_total").absolute(c.fallbacks);
             metrics::counter!("qproxy_accel_insert_failures_total").absolute(c.insert_failures);
             metrics::counter!("qproxy_accel_inserted_total").absolute(c.inserted);
+            metrics::counter!("qproxy_accel_peer_gone_total").absolute(c.peer_gone);
         }
         Err(e) => warn!("reading the counters: {e}"),
     }

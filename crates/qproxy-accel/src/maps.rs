@@ -60,17 +60,20 @@ pub struct Counters {
     /// Their bytes.
     pub redirected_bytes: u64,
     /// Connections left on TCP because their peer was not in the map at
-    /// their first message, and messages whose peer had left the map.
+    /// their first message.
     pub fallbacks: u64,
     /// Sockets that qualified but could not join the map (full, or no
     /// memory for their verdict).
     pub insert_failures: u64,
     /// Sockets that joined the map.
     pub inserted: u64,
+    /// Messages of redirected connections sent after the peer had closed
+    /// (and left the map): they go the way TCP takes them.
+    pub peer_gone: u64,
 }
 
 /// Indices into the counters array, in the C enum's order.
-pub(crate) const COUNTER_LEN: u32 = 5;
+pub(crate) const COUNTER_LEN: u32 = 6;
 
 impl Counters {
     pub(crate) fn from_slots(slots: [u64; COUNTER_LEN as usize]) -> Self {
@@ -80,6 +83,7 @@ impl Counters {
             fallbacks,
             insert_failures,
             inserted,
+            peer_gone,
         ] = slots;
         Self {
             redirected_messages,
@@ -87,6 +91,7 @@ impl Counters {
             fallbacks,
             insert_failures,
             inserted,
+            peer_gone,
         }
     }
 }

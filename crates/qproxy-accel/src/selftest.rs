@@ -35,6 +35,13 @@ use rustix::event::{PollFd, PollFlags, epoll};
 
 use crate::{Accel, kernel};
 
+/// The self-test's own cgroups are named this, then the agent's PID.
+const CGROUP_PREFIX: &str = "qproxy-accel-selftest-";
+
+/// How long the whole echo may take before its child is killed and the
+/// self-test fails: it takes well under a second when the kernel is sound.
+const ECHO_DEADLINE: Duration = Duration::from_secs(120);
+
 /// The argument that makes the agent's binary the self-test's child.
 pub const PEER_ARG: &str = "__self-test-peer";
 
@@ -92,7 +99,19 @@ pub fn run(exe: &Path, cgroup: &Path) -> Report {
             return report;
         }
     }
-    let dir = cgroup.join(format!("qproxy-accel-selftest-{}", std::process::id()));
+    // The cgroups of self-tests an agent was killed in the middle of.
+    if let Ok(entries) = fs::read_dir(cgroup) {
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(CGROUP_PREFIX)
+            {
+                let _ = fs::remove_dir(entry.path());
+            }
+        }
+    }
+    let dir = cgroup.join(format!("{CGROUP_PREFIX}{}", std::process::id()));
     if let Err(e) = fs::create_dir(&dir) {
         report.push(
             "setup",
@@ -121,7 +140,22 @@ fn echo(exe: &Path, dir: &Path, report: &mut Report) -> Result<(), String> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("starting the self-test's child {}: {e}", exe.display()))?;
+    // A kernel that loses a wake-up would leave the child waiting: a
+    // watchdog kills it at the deadline, and `talk` then sees it end.
+    let (done, watch) = std::sync::mpsc::channel::<()>();
+    let pid = child.id();
+    let watchdog = thread::spawn(move || {
+        if watch.recv_timeout(ECHO_DEADLINE).is_err()
+            && let Some(pid) = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    });
     let result = talk(&mut child, &mut accel, report);
+    let _ = done.send(());
+    let _ = watchdog.join();
     let _ = child.kill();
     let _ = child.wait();
     result?;
@@ -188,6 +222,8 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// then runs the echo's checks, printing one line each. Returns when it
 /// is done; an error is a setup failure.
 pub fn peer(cgroup: &Path) -> io::Result<()> {
+    // Never outlive the agent, whatever kills it.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
     crate::sys::unshare_netns()?;
     crate::sys::loopback_up()?;
     // A listener made before joining the test's cgroup: the sockets it

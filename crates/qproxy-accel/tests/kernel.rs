@@ -43,7 +43,21 @@ async fn client(pod: &Pod) -> SendRequest<Full<Bytes>> {
     send
 }
 
+/// One request on `send`, within [`DEADLINE`]: a lost wake-up fails the
+/// test instead of hanging it.
 async fn call(
+    send: &mut SendRequest<Full<Bytes>>,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Bytes) {
+    let what = format!("{method} {path}");
+    tokio::time::timeout(DEADLINE, exchange(send, method, path, body))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {DEADLINE:?}"))
+}
+
+async fn exchange(
     send: &mut SendRequest<Full<Bytes>>,
     method: &str,
     path: &str,
@@ -97,6 +111,8 @@ fn the_self_test_passes_but_for_known_kernel_bugs() {
     let Some(k) = kernel("the_self_test_passes_but_for_known_kernel_bugs") else {
         return;
     };
+    // The self-test bounds its own echo (its child is killed after two
+    // minutes).
     let out = Command::new(agent_bin())
         .args(["self-test", "--cgroup"])
         .arg(&k.cgroup)
@@ -202,6 +218,17 @@ async fn the_bytes_between_qproxy_and_the_app_skip_tcp() {
 }
 
 async fn upgrade_echo(pod: &Pod, data: &[u8]) -> Vec<u8> {
+    tokio::time::timeout(DEADLINE, tunnel_echo(pod, data))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the upgrade echo of {} bytes: not within {DEADLINE:?}",
+                data.len()
+            )
+        })
+}
+
+async fn tunnel_echo(pod: &Pod, data: &[u8]) -> Vec<u8> {
     let mut send = client(pod).await;
     let req = Request::builder()
         .uri("/upgrade")

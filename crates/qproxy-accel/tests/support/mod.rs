@@ -141,11 +141,20 @@ fn remove_cgroup(dir: &Path) {
         }
     }
     let _ = fs::write(dir.join("cgroup.kill"), "1");
-    until("the cgroup to empty", || {
-        fs::read_to_string(dir.join("cgroup.procs"))
-            .map_or(Some(()), |p| p.trim().is_empty().then_some(()))
-    });
-    let _ = fs::remove_dir(dir);
+    // Called from Drop, maybe while a test fails: no panic here, which
+    // would abort the process and hide the test's own failure.
+    let start = Instant::now();
+    while start.elapsed() < DEADLINE {
+        let empty =
+            fs::read_to_string(dir.join("cgroup.procs")).map_or(true, |p| p.trim().is_empty());
+        if empty {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    if let Err(e) = fs::remove_dir(dir) {
+        loud(&format!("left the cgroup {}: {e}", dir.display()));
+    }
 }
 
 /// A pod: a network namespace with its loopback up, and a cgroup; the
@@ -388,10 +397,15 @@ impl Agent {
 
     /// Waits until the agent allows the network namespace of process `pid`.
     pub fn wait_accelerating(&self, pid: u32) {
-        self.wait_log(
-            &format!("the agent to accelerate pid {pid}"),
-            &format!("pid={pid} "),
-        );
+        let needle = format!("pid={pid} ");
+        until(&format!("the agent to accelerate pid {pid}"), || {
+            self.lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("accelerating") && l.contains(&needle))
+                .then_some(())
+        });
     }
 
     /// `GET path` on the metrics server: status and body.
