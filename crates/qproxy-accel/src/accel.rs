@@ -192,6 +192,7 @@ impl Accel {
             // is detached, so that no connection is made with neither (it
             // would stay on TCP for its life); in between, both insert and
             // the second finds the socket there already.
+            let path = pins.join(SOCKOPS_LINK);
             let link = sockops
                 .take_link(link)
                 .map_err(program("taking the sockops link"))?;
@@ -199,10 +200,9 @@ impl Accel {
                 .try_into()
                 .map_err(|e: aya::programs::links::LinkError| Error::Pin {
                     what: "the sockops link",
-                    path: pins.join(SOCKOPS_LINK),
+                    path: path.clone(),
                     source: io::Error::other(e),
                 })?;
-            let path = pins.join(SOCKOPS_LINK);
             // bpffs takes no dot in a name.
             let fresh = pins.join(format!("{SOCKOPS_LINK}_new"));
             if fresh.exists() {
@@ -245,15 +245,12 @@ impl Accel {
         }
     }
 
-    /// The network namespaces allowed, with their user ports.
-    pub fn allowed(&mut self) -> Result<Vec<(u64, u16)>, Error> {
-        let allowed = self.allowed_map()?;
-        let mut out = Vec::new();
-        for entry in allowed.iter() {
-            let (netns, port) = entry.map_err(map("reading the allowed namespaces"))?;
-            out.push((netns, u16::try_from(port).unwrap_or(0)));
-        }
-        Ok(out)
+    /// The cookies of the network namespaces allowed.
+    pub fn allowed(&mut self) -> Result<Vec<u64>, Error> {
+        self.allowed_map()?
+            .keys()
+            .map(|netns| netns.map_err(map("reading the allowed namespaces")))
+            .collect()
     }
 
     /// The programs' counters, summed over CPUs.

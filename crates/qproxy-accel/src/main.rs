@@ -348,7 +348,7 @@ fn forget_gone(accel: &mut Accel, known: &BTreeMap<u64, Allowed>) {
     let live: BTreeSet<u64> = known.values().map(|a| a.cookie).collect();
     match accel.allowed() {
         Ok(allowed) => {
-            for (cookie, _) in allowed {
+            for cookie in allowed {
                 if !live.contains(&cookie)
                     && let Err(e) = accel.disallow(cookie)
                 {

@@ -40,13 +40,21 @@ pub fn until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
 }
 
 /// [`until`] with a deadline of its own, for the long waits.
-pub fn until_within<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn until_within<T>(deadline: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    poll(deadline, f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// What `f` gives before `deadline`, asked every 20 ms; `None` when the
+/// deadline passes first.
+fn poll<T>(deadline: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        if start.elapsed() >= deadline {
+            return None;
+        }
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -143,15 +151,11 @@ fn remove_cgroup(dir: &Path) {
     let _ = fs::write(dir.join("cgroup.kill"), "1");
     // Called from Drop, maybe while a test fails: no panic here, which
     // would abort the process and hide the test's own failure.
-    let start = Instant::now();
-    while start.elapsed() < DEADLINE {
-        let empty =
-            fs::read_to_string(dir.join("cgroup.procs")).map_or(true, |p| p.trim().is_empty());
-        if empty {
-            break;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    poll(DEADLINE, || {
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .map_or(true, |p| p.trim().is_empty())
+            .then_some(())
+    });
     if let Err(e) = fs::remove_dir(dir) {
         loud(&format!("left the cgroup {}: {e}", dir.display()));
     }
@@ -376,41 +380,31 @@ impl Agent {
 
     /// The first log line containing `needle`, waited for.
     pub fn wait_log(&self, what: &str, needle: &str) -> String {
-        until(what, || {
-            self.lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-                .cloned()
-        })
+        until(what, || self.line(|l| l.contains(needle)))
     }
 
     /// Whether some log line contains `needle` now.
     pub fn logged(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
+        self.line(|l| l.contains(needle)).is_some()
     }
 
     /// Waits until the agent allows the network namespace of process `pid`.
     pub fn wait_accelerating(&self, pid: u32) {
         let needle = format!("pid={pid} ");
         until(&format!("the agent to accelerate pid {pid}"), || {
-            self.lines
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|l| l.contains("accelerating") && l.contains(&needle))
-                .then_some(())
+            self.line(|l| l.contains("accelerating") && l.contains(&needle))
         });
+    }
+
+    /// The first log line so far that `pred` accepts.
+    fn line(&self, pred: impl Fn(&str) -> bool) -> Option<String> {
+        self.lines.lock().unwrap().iter().find(|l| pred(l)).cloned()
     }
 
     /// `GET path` on the metrics server: status and body.
     pub fn get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(self.metrics).unwrap();
+        let mut s = TcpStream::connect_timeout(&self.metrics, DEADLINE).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
         write!(
             s,
             "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -579,10 +573,20 @@ pub struct Accelerated {
 /// with `extra` arguments, then a pod started after it, allowed. `None`
 /// when the test cannot run here.
 pub fn accelerated(test: &str, extra: &[&str]) -> Option<Accelerated> {
+    accelerated_with(test, extra, |kernel| app_pod(kernel, test))
+}
+
+/// [`accelerated`], the pod started by `start` (its qproxy's process ID
+/// beside it).
+pub fn accelerated_with(
+    test: &str,
+    extra: &[&str],
+    start: impl FnOnce(&Kernel) -> (Pod, u32),
+) -> Option<Accelerated> {
     let kernel = kernel(test)?;
     let agent = Agent::start(&kernel, extra);
     agent.wait_log("the programs attached", "attached under");
-    let (pod, qproxy) = app_pod(&kernel, test);
+    let (pod, qproxy) = start(&kernel);
     agent.wait_accelerating(qproxy);
     Some(Accelerated {
         pod,
