@@ -18,6 +18,10 @@
 //!   FIONREAD wait forever);
 //! - **edge-triggered epoll**: every redirected message wakes an
 //!   `EPOLLET` waiter;
+//! - **blocking reads**: a blocking `read` waits for data until its
+//!   timeout rather than failing with `EAGAIN` when it is woken with
+//!   nothing to read, as it is when its own side half-closes (6.18.44
+//!   fails this: blocking apps see `EAGAIN`);
 //!
 //! and the agent then checks that the echo was redirected at all.
 
@@ -27,6 +31,7 @@ use std::{
     net::{Shutdown, TcpListener, TcpStream},
     path::Path,
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU64, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -239,11 +244,14 @@ pub fn peer(cgroup: &Path) -> io::Result<()> {
     out.flush()?;
     let mut go = String::new();
     io::stdin().read_line(&mut go)?;
-    let checks: [(&str, Probe); 4] = [
+    // `blocking-read` comes last: it also reports what the checks before
+    // it saw.
+    let checks: [(&str, Probe); 5] = [
         ("integrity", check_integrity),
         ("fionread-redirected", check_fionread_redirected),
         ("fionread-tcp", check_fionread_tcp),
         ("epoll-edge", check_epoll_edge),
+        ("blocking-read", check_blocking_read),
     ];
     for (name, check) in checks {
         match check(&inside, &outside) {
@@ -277,6 +285,37 @@ fn connect(listener: &TcpListener) -> Result<(TcpStream, TcpStream), String> {
     Ok((client, server))
 }
 
+/// Blocking reads that failed with `EAGAIN` before their timeout, in
+/// every check of this child: [`read_blocking`] counts them and reads
+/// again, so that the other checks test what they are about.
+static SPURIOUS_EAGAIN: AtomicU64 = AtomicU64::new(0);
+
+/// A `read` on a blocking socket (with [`DEADLINE`] as its timeout) that
+/// reads again when the kernel says `EAGAIN` before the timeout, counting
+/// it in [`SPURIOUS_EAGAIN`].
+fn read_blocking(socket: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let start = Instant::now();
+    loop {
+        match socket.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && start.elapsed() < DEADLINE => {
+                SPURIOUS_EAGAIN.fetch_add(1, Ordering::Relaxed);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// [`Read::read_to_end`] through [`read_blocking`].
+fn read_to_end_blocking(socket: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match read_blocking(socket, &mut buf)? {
+            0 => return Ok(()),
+            n => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
@@ -305,8 +344,7 @@ fn check_integrity(inside: &TcpListener, _: &TcpListener) -> Result<String, Stri
             let mut buf = [0u8; 16 * 1024];
             let mut total = 0u64;
             loop {
-                let n = server
-                    .read(&mut buf)
+                let n = read_blocking(&mut server, &mut buf)
                     .map_err(|e| format!("server read: {e}"))?;
                 if n == 0 {
                     break;
@@ -341,9 +379,7 @@ fn check_integrity(inside: &TcpListener, _: &TcpListener) -> Result<String, Stri
     let mut bytes = 0;
     for (mut client, sent, echo, writer) in handles {
         let mut got = Vec::with_capacity(sent.len());
-        client
-            .read_to_end(&mut got)
-            .map_err(|e| format!("client read: {e}"))?;
+        read_to_end_blocking(&mut client, &mut got).map_err(|e| format!("client read: {e}"))?;
         writer.join().map_err(|_| "writer panicked")??;
         let echoed = echo.join().map_err(|_| "echo panicked")??;
         if echoed != sent.len() as u64 {
@@ -387,9 +423,16 @@ fn wait_fionread(socket: &TcpStream, want: usize) -> Result<(), String> {
         };
         let mut fds = [PollFd::new(socket, PollFlags::IN)];
         rustix::event::poll(&mut fds, Some(&timeout)).map_err(|e| format!("poll: {e}"))?;
-        let waiting = socket.peek(&mut peek).map_err(|e| format!("peek: {e}"))?;
-        if waiting >= want {
-            break;
+        // Without waiting: a blocking peek may fail with `EAGAIN` on the
+        // kernels the `blocking-read` check is about.
+        match rustix::net::recv(
+            socket,
+            &mut peek[..],
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Ok((waiting, _)) if waiting >= want => break,
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
+            Err(e) => return Err(format!("peek: {e}")),
         }
     }
     let reported = rustix::io::ioctl_fionread(socket).map_err(|e| format!("FIONREAD: {e}"))?;
@@ -416,7 +459,13 @@ fn check_fionread_tcp(_: &TcpListener, outside: &TcpListener) -> Result<String, 
     let (mut client, mut server) = connect(outside)?;
     client.write_all(b"hello").map_err(|e| e.to_string())?;
     let mut buf = [0u8; 5];
-    server.read_exact(&mut buf).map_err(|e| e.to_string())?;
+    let mut got = 0;
+    while got < buf.len() {
+        match read_blocking(&mut server, &mut buf[got..]).map_err(|e| e.to_string())? {
+            0 => return Err("early EOF".to_owned()),
+            n => got += n,
+        }
+    }
     server.write_all(&[9u8; 1000]).map_err(|e| e.to_string())?;
     wait_fionread(&client, 1000)?;
     Ok("1000 bytes waiting, 1000 reported".to_owned())
@@ -470,4 +519,73 @@ fn check_epoll_edge(inside: &TcpListener, _: &TcpListener) -> Result<String, Str
         }
     }
     Ok(format!("{rounds} messages, {rounds} wake-ups"))
+}
+
+/// Whether the thread `tid` of this process is asleep (in a blocking
+/// call: the only place the check's reader sleeps).
+fn asleep(tid: i32) -> bool {
+    fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().next().map(|state| state == "S")
+        })
+        .unwrap_or(false)
+}
+
+/// A reader blocked on a socket in the map while its own side
+/// half-closes, then the peer's answer: the blocking read must wait for the
+/// answer. The half-close wakes the reader with nothing to read (when the
+/// peer acknowledges the FIN); some kernels then fail the read with
+/// `EAGAIN`. Fails if this or any check before it saw a blocking read
+/// return `EAGAIN` before its timeout.
+fn check_blocking_read(inside: &TcpListener, _: &TcpListener) -> Result<String, String> {
+    let before = SPURIOUS_EAGAIN.load(Ordering::Relaxed);
+    let rounds = 200;
+    for _ in 0..rounds {
+        let (client, mut server) = connect(inside)?;
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let mut client = client.try_clone().map_err(|e| e.to_string())?;
+            thread::spawn(move || -> Result<Vec<u8>, String> {
+                let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
+                let mut got = Vec::new();
+                read_to_end_blocking(&mut client, &mut got)
+                    .map_err(|e| format!("client read: {e}"))?;
+                Ok(got)
+            })
+        };
+        let tid = tid_rx.recv().map_err(|_| "the reader ended at once")?;
+        let start = Instant::now();
+        while !asleep(tid) {
+            if start.elapsed() > DEADLINE {
+                return Err("the reader never blocked".to_owned());
+            }
+            thread::yield_now();
+        }
+        client
+            .shutdown(Shutdown::Write)
+            .map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 16];
+        if read_blocking(&mut server, &mut buf).map_err(|e| format!("server read: {e}"))? != 0 {
+            return Err("the server read bytes never sent".to_owned());
+        }
+        server.write_all(&[5u8; 100]).map_err(|e| e.to_string())?;
+        server
+            .shutdown(Shutdown::Write)
+            .map_err(|e| e.to_string())?;
+        let got = reader.join().map_err(|_| "the reader panicked")??;
+        if got.len() != 100 {
+            return Err(format!("the reader got {} of 100 bytes", got.len()));
+        }
+    }
+    let here = SPURIOUS_EAGAIN.load(Ordering::Relaxed) - before;
+    match SPURIOUS_EAGAIN.load(Ordering::Relaxed) {
+        0 => Ok(format!(
+            "{rounds} half-closes under a blocked reader, no read failed early"
+        )),
+        all => Err(format!(
+            "{all} blocking reads failed with EAGAIN before their timeout ({here} in this check)"
+        )),
+    }
 }
