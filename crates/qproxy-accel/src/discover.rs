@@ -11,7 +11,7 @@
 use std::{
     fs, io,
     os::{fd::AsFd, unix::fs::MetadataExt},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
@@ -51,6 +51,30 @@ pub fn pids_under(cgroup: &Path) -> io::Result<Vec<u32>> {
         }
     }
     Ok(pids)
+}
+
+/// The cgroup of `pid` in the tree under `cgroup` (found by its
+/// `cgroup.procs`, so whatever cgroup namespace the caller is in), or
+/// `None` when it is not in that tree.
+pub fn cgroup_of(cgroup: &Path, pid: u32) -> Option<PathBuf> {
+    let mut dirs = vec![cgroup.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
+            continue;
+        };
+        if procs.lines().any(|l| l.trim().parse() == Ok(pid)) {
+            return Some(dir);
+        }
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    None
 }
 
 /// The process `pid` as a sidecar to accelerate: `None` when it is not a

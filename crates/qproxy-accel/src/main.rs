@@ -215,7 +215,9 @@ fn self_test(cgroup: &Path, allowed: &BTreeSet<String>) -> bool {
             return false;
         }
     };
-    let report = selftest::run(&exe, cgroup);
+    let parent = selftest::parent(cgroup);
+    info!("self-test: in a cgroup under {}", parent.display());
+    let report = selftest::run(&exe, &parent);
     for check in &report.checks {
         if check.ok {
             info!(check = %check.name, "self-test passed: {}", check.detail);

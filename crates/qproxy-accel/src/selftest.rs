@@ -29,7 +29,7 @@ use std::{
     fs,
     io::{self, BufRead, BufReader, Read, Write},
     net::{Shutdown, TcpListener, TcpStream},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU64, Ordering},
     thread,
@@ -90,6 +90,19 @@ impl Report {
             detail: detail.into(),
         });
     }
+}
+
+/// Where the self-test makes its cgroup: under the agent's own cgroup when
+/// the agent is in the tree under `cgroup` (as a DaemonSet's pod under the
+/// pods' cgroup is), else under `cgroup` itself.
+///
+/// Under its own: where the cgroup hierarchy is mounted with `nsdelegate`
+/// (systemd does so), a process in a cgroup namespace of its own, as a
+/// container's is, may move only between cgroups under its namespace's
+/// root, its container's cgroup; the self-test's child moves from the
+/// agent's cgroup into the test's.
+pub fn parent(cgroup: &Path) -> PathBuf {
+    crate::discover::cgroup_of(cgroup, std::process::id()).unwrap_or_else(|| cgroup.to_owned())
 }
 
 /// Runs the self-test: the kernel version, then the echo, with `exe` (this
@@ -236,7 +249,12 @@ pub fn peer(cgroup: &Path) -> io::Result<()> {
     // peer is not in the map (it stays on TCP).
     let outside = TcpListener::bind("127.0.0.1:0")?;
     let port = outside.local_addr()?.port();
-    fs::write(cgroup.join("cgroup.procs"), "0")?;
+    fs::write(cgroup.join("cgroup.procs"), "0").map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("joining the cgroup {}: {e}", cgroup.display()),
+        )
+    })?;
     let inside = TcpListener::bind(("127.0.0.2", port))?;
     let netns = crate::sys::netns_cookie(&inside)?;
     let mut out = io::stdout().lock();

@@ -516,6 +516,38 @@ fn the_agent_needs_only_the_capabilities_it_is_given() {
 }
 
 #[test]
+fn the_agent_runs_in_a_cgroup_namespace_of_its_own() {
+    // As a DaemonSet's container does: in a cgroup under the pods', in a
+    // cgroup namespace rooted there, with the hierarchy mounted with
+    // nsdelegate (as systemd mounts it), which forbids the agent's
+    // processes to move into any cgroup outside their namespace.
+    let Some(k) = kernel("the_agent_runs_in_a_cgroup_namespace_of_its_own") else {
+        return;
+    };
+    let _delegate = NsDelegate::on();
+    let own = k.cgroup.join("agent-pod");
+    std::fs::create_dir(&own).unwrap();
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec unshare --cgroup \"$@\"",
+        own.display()
+    );
+    let agent = Agent::start_wrapped(&k, &["sh", "-c", &script, "sh"], &ACCEPT_KNOWN);
+    agent.wait_log(
+        "the self-test's cgroup",
+        &format!("self-test: in a cgroup under {}", own.display()),
+    );
+    agent.wait_log("the programs attached", "attached under");
+    let (mut pod, qp) = app_pod(&k, "delegated");
+    agent.wait_accelerating(qp);
+    assert!(pod.run(
+        DEADLINE,
+        &go_app(),
+        &["-addr", "127.0.0.1:8080", "-churn", "100"]
+    ));
+    agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v >= 200.0);
+}
+
+#[test]
 fn a_full_map_leaves_new_connections_on_tcp() {
     // Room for 8 sockets: 2 for qproxy's connection to the app, then 3 of
     // the 20 held ones; the others stay on TCP and answer all the same.

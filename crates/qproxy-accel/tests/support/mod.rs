@@ -111,6 +111,69 @@ fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
+/// The cgroup2 hierarchy mounted with `nsdelegate` (as systemd mounts it)
+/// while this lives, then as it was. The option is the hierarchy's, not
+/// one mount's; it restricts only processes in a cgroup namespace of their
+/// own, which no other test starts.
+pub struct NsDelegate {
+    mount: PathBuf,
+    /// The mount's options before, when they lacked `nsdelegate`.
+    restore: Option<String>,
+}
+
+impl NsDelegate {
+    pub fn on() -> Self {
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+        let (mount, options) = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| (PathBuf::from(f[1]), f[3].to_owned()))
+            })
+            .expect("a cgroup2 mount");
+        if options.split(',').any(|o| o == "nsdelegate") {
+            return NsDelegate {
+                mount,
+                restore: None,
+            };
+        }
+        let ok = Command::new("mount")
+            .args(["-o", "remount,nsdelegate"])
+            .arg(&mount)
+            .status()
+            .unwrap();
+        assert!(
+            ok.success(),
+            "remounting {} with nsdelegate",
+            mount.display()
+        );
+        NsDelegate {
+            mount,
+            restore: Some(options),
+        }
+    }
+}
+
+impl Drop for NsDelegate {
+    fn drop(&mut self) {
+        if let Some(options) = &self.restore {
+            // Exactly the options it had: mount(8) would otherwise add the
+            // current ones, nsdelegate among them.
+            let ok = Command::new("mount")
+                .args(["--options-mode", "ignore", "-o"])
+                .arg(format!("remount,{options}"))
+                .arg(&self.mount)
+                .status();
+            if !ok.is_ok_and(|s| s.success()) {
+                loud(&format!(
+                    "left {} mounted with nsdelegate",
+                    self.mount.display()
+                ));
+            }
+        }
+    }
+}
+
 /// A cgroup for the test's pods and a bpffs of its own for the agent's
 /// pins; both removed when dropped.
 pub struct Kernel {
