@@ -21,8 +21,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// How long any single wait may take.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+/// How long any single wait may take: a minute, or
+/// `QPROXY_ACCEL_DEADLINE_SECS` (scripts/accel-vm gives an emulated
+/// machine more).
+pub fn deadline() -> Duration {
+    static DEADLINE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *DEADLINE.get_or_init(|| {
+        std::env::var("QPROXY_ACCEL_DEADLINE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(Duration::from_secs(60), Duration::from_secs)
+    })
+}
 
 static SERIAL: AtomicUsize = AtomicUsize::new(0);
 
@@ -36,7 +46,7 @@ fn unique(prefix: &str) -> String {
 
 /// Waits until `f` gives something, or fails the test naming `what`.
 pub fn until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
-    until_within(DEADLINE, what, f)
+    until_within(deadline(), what, f)
 }
 
 /// [`until`] with a deadline of its own, for the long waits.
@@ -214,7 +224,7 @@ fn remove_cgroup(dir: &Path) {
     let _ = fs::write(dir.join("cgroup.kill"), "1");
     // Called from Drop, maybe while a test fails: no panic here, which
     // would abort the process and hide the test's own failure.
-    poll(DEADLINE, || {
+    poll(deadline(), || {
         fs::read_to_string(dir.join("cgroup.procs"))
             .map_or(true, |p| p.trim().is_empty())
             .then_some(())
@@ -466,8 +476,8 @@ impl Agent {
 
     /// `GET path` on the metrics server: status and body.
     pub fn get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect_timeout(&self.metrics, DEADLINE).unwrap();
-        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut s = TcpStream::connect_timeout(&self.metrics, deadline()).unwrap();
+        s.set_read_timeout(Some(deadline())).unwrap();
         write!(
             s,
             "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -520,6 +530,11 @@ pub fn go_app() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
+            // Built beforehand, as scripts/accel-vm does: an emulated
+            // machine would take minutes to build Go's standard library.
+            if let Some(app) = std::env::var_os("QPROXY_ACCEL_GO_APP") {
+                return PathBuf::from(app);
+            }
             let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/go");
             let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("accel-go-app");
             let ok = Command::new("go")

@@ -8,8 +8,22 @@ import asyncio
 from urllib.parse import parse_qs, urlsplit
 
 
+# The pattern repeats every 256 * 251 bytes: one period, computed once,
+# is sliced for any range (byte by byte, 16 MiB take seconds, minutes in an
+# emulated machine).
+PERIOD = 256 * 251
+TABLE = bytes(((i * 7 + i // 251) % 256) for i in range(PERIOD))
+
+
 def pattern(off, n):
-    return bytes(((i * 7 + i // 251) % 256) for i in range(off, off + n))
+    out = bytearray()
+    start = off % PERIOD
+    while n > 0:
+        k = min(n, PERIOD - start)
+        out += TABLE[start:start + k]
+        n -= k
+        start = 0
+    return bytes(out)
 
 
 async def serve(reader, writer, app_id):
