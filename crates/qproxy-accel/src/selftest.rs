@@ -566,11 +566,20 @@ fn check_blocking_read(inside: &TcpListener, _: &TcpListener) -> Result<String, 
         let reader = {
             let mut client = client.try_clone().map_err(|e| e.to_string())?;
             thread::spawn(move || -> Result<Vec<u8>, String> {
+                // Everything that might sleep before the read is done
+                // first: the thread is seen asleep only in the read.
+                let mut got = Vec::with_capacity(4096);
+                let mut buf = vec![0u8; 4096];
                 let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
-                let mut got = Vec::new();
-                read_to_end_blocking(&mut client, &mut got)
-                    .map_err(|e| format!("client read: {e}"))?;
-                Ok(got)
+                drop(tid_tx);
+                loop {
+                    match read_blocking(&mut client, &mut buf)
+                        .map_err(|e| format!("client read: {e}"))?
+                    {
+                        0 => return Ok(got),
+                        n => got.extend_from_slice(&buf[..n]),
+                    }
+                }
             })
         };
         let tid = tid_rx.recv().map_err(|_| "the reader ended at once")?;

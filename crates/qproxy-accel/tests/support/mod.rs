@@ -157,6 +157,19 @@ impl NsDelegate {
             "remounting {} with nsdelegate",
             mount.display()
         );
+        // The kernel ignores the option when the remount comes from a
+        // cgroup namespace other than the first.
+        let now = fs::read_to_string("/proc/self/mounts").unwrap();
+        assert!(
+            now.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.get(1).copied() == mount.to_str()
+                    && f.get(3)
+                        .is_some_and(|o| o.split(',').any(|o| o == "nsdelegate"))
+            }),
+            "{} has nsdelegate after the remount",
+            mount.display()
+        );
         NsDelegate {
             mount,
             restore: Some(options),
