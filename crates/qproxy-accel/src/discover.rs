@@ -29,18 +29,21 @@ pub struct Sidecar {
     pub namespace: Option<String>,
 }
 
-/// Every process in `cgroup` and the cgroups below it.
-pub fn pids_under(cgroup: &Path) -> io::Result<Vec<u32>> {
-    let mut pids = Vec::new();
+/// Walks `cgroup` and the cgroups below it, giving `visit` each one's
+/// directory and `cgroup.procs` until it returns `false`. A cgroup below
+/// `cgroup` removed while the tree is walked is skipped; an unreadable
+/// `cgroup` is an error.
+fn walk(cgroup: &Path, mut visit: impl FnMut(&Path, &str) -> bool) -> io::Result<()> {
     let mut dirs = vec![cgroup.to_owned()];
     while let Some(dir) = dirs.pop() {
         let procs = match fs::read_to_string(dir.join("cgroup.procs")) {
             Ok(procs) => procs,
-            // A cgroup removed while the tree is walked.
             Err(e) if e.kind() == io::ErrorKind::NotFound && dir != cgroup => continue,
             Err(e) => return Err(e),
         };
-        pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        if !visit(&dir, &procs) {
+            return Ok(());
+        }
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
@@ -50,6 +53,21 @@ pub fn pids_under(cgroup: &Path) -> io::Result<Vec<u32>> {
             }
         }
     }
+    Ok(())
+}
+
+/// The process IDs in one `cgroup.procs`.
+fn procs(list: &str) -> impl Iterator<Item = u32> + '_ {
+    list.lines().filter_map(|l| l.trim().parse().ok())
+}
+
+/// Every process in `cgroup` and the cgroups below it.
+pub fn pids_under(cgroup: &Path) -> io::Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    walk(cgroup, |_, list| {
+        pids.extend(procs(list));
+        true
+    })?;
     Ok(pids)
 }
 
@@ -57,24 +75,15 @@ pub fn pids_under(cgroup: &Path) -> io::Result<Vec<u32>> {
 /// `cgroup.procs`, so whatever cgroup namespace the caller is in), or
 /// `None` when it is not in that tree.
 pub fn cgroup_of(cgroup: &Path, pid: u32) -> Option<PathBuf> {
-    let mut dirs = vec![cgroup.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
-            continue;
-        };
-        if procs.lines().any(|l| l.trim().parse() == Ok(pid)) {
-            return Some(dir);
+    let mut found = None;
+    walk(cgroup, |dir, list| {
+        if procs(list).any(|p| p == pid) {
+            found = Some(dir.to_owned());
         }
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                dirs.push(entry.path());
-            }
-        }
-    }
-    None
+        found.is_none()
+    })
+    .ok()?;
+    found
 }
 
 /// The process `pid` as a sidecar to accelerate: `None` when it is not a

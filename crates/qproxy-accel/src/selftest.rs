@@ -323,11 +323,14 @@ fn read_blocking(socket: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// [`Read::read_to_end`] through [`read_blocking`].
-fn read_to_end_blocking(socket: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
-    let mut buf = vec![0u8; 64 * 1024];
+/// [`Read::read_to_end`] through [`read_blocking`], reading into `buf`.
+fn read_to_end_blocking(
+    socket: &mut TcpStream,
+    buf: &mut [u8],
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
     loop {
-        match read_blocking(socket, &mut buf)? {
+        match read_blocking(socket, buf)? {
             0 => return Ok(()),
             n => out.extend_from_slice(&buf[..n]),
         }
@@ -397,7 +400,8 @@ fn check_integrity(inside: &TcpListener, _: &TcpListener) -> Result<String, Stri
     let mut bytes = 0;
     for (mut client, sent, echo, writer) in handles {
         let mut got = Vec::with_capacity(sent.len());
-        read_to_end_blocking(&mut client, &mut got).map_err(|e| format!("client read: {e}"))?;
+        read_to_end_blocking(&mut client, &mut vec![0u8; 64 * 1024], &mut got)
+            .map_err(|e| format!("client read: {e}"))?;
         writer.join().map_err(|_| "writer panicked")??;
         let echoed = echo.join().map_err(|_| "echo panicked")??;
         if echoed != sent.len() as u64 {
@@ -572,14 +576,9 @@ fn check_blocking_read(inside: &TcpListener, _: &TcpListener) -> Result<String, 
                 let mut buf = vec![0u8; 4096];
                 let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
                 drop(tid_tx);
-                loop {
-                    match read_blocking(&mut client, &mut buf)
-                        .map_err(|e| format!("client read: {e}"))?
-                    {
-                        0 => return Ok(got),
-                        n => got.extend_from_slice(&buf[..n]),
-                    }
-                }
+                read_to_end_blocking(&mut client, &mut buf, &mut got)
+                    .map_err(|e| format!("client read: {e}"))?;
+                Ok(got)
             })
         };
         let tid = tid_rx.recv().map_err(|_| "the reader ended at once")?;
@@ -606,8 +605,9 @@ fn check_blocking_read(inside: &TcpListener, _: &TcpListener) -> Result<String, 
             return Err(format!("the reader got {} of 100 bytes", got.len()));
         }
     }
-    let here = SPURIOUS_EAGAIN.load(Ordering::Relaxed) - before;
-    match SPURIOUS_EAGAIN.load(Ordering::Relaxed) {
+    let all = SPURIOUS_EAGAIN.load(Ordering::Relaxed);
+    let here = all - before;
+    match all {
         0 => Ok(format!(
             "{rounds} half-closes under a blocked reader, no read failed early"
         )),

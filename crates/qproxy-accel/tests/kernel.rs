@@ -512,15 +512,8 @@ fn the_agent_needs_only_the_capabilities_it_is_given() {
     ];
     let agent = Agent::start_wrapped(&k, &wrapper, &ACCEPT_KNOWN);
     agent.wait_log("the programs attached", "attached under");
-    let (pod, qp) = app_pod_as(&k, "nonroot", Some(65532));
-    agent.wait_accelerating(qp);
-    let mut pod = pod;
-    assert!(pod.run(
-        deadline(),
-        &go_app(),
-        &["-addr", "127.0.0.1:8080", "-churn", "100"]
-    ));
-    agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v >= 200.0);
+    let (mut pod, qp) = app_pod_as(&k, "nonroot", Some(65532));
+    churn_redirected(&agent, &mut pod, qp);
 }
 
 #[test]
@@ -546,13 +539,7 @@ fn the_agent_runs_in_a_cgroup_namespace_of_its_own() {
     );
     agent.wait_log("the programs attached", "attached under");
     let (mut pod, qp) = app_pod(&k, "delegated");
-    agent.wait_accelerating(qp);
-    assert!(pod.run(
-        deadline(),
-        &go_app(),
-        &["-addr", "127.0.0.1:8080", "-churn", "100"]
-    ));
-    agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v >= 200.0);
+    churn_redirected(&agent, &mut pod, qp);
 }
 
 #[test]

@@ -113,12 +113,21 @@ pub fn loud(what: &str) {
 }
 
 fn cgroup2_mount() -> Option<PathBuf> {
+    cgroup2_mount_options().map(|(dir, _)| dir)
+}
+
+/// The first cgroup2 mount, and its options.
+fn cgroup2_mount_options() -> Option<(PathBuf, String)> {
     let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
     mounts.lines().find_map(|l| {
         let mut f = l.split_whitespace();
-        let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
-        (kind == "cgroup2").then(|| PathBuf::from(dir))
+        let (_, dir, kind, options) = (f.next()?, f.next()?, f.next()?, f.next()?);
+        (kind == "cgroup2").then(|| (PathBuf::from(dir), options.to_owned()))
     })
+}
+
+fn has_nsdelegate(options: &str) -> bool {
+    options.split(',').any(|o| o == "nsdelegate")
 }
 
 /// The cgroup2 hierarchy mounted with `nsdelegate` (as systemd mounts it)
@@ -133,15 +142,8 @@ pub struct NsDelegate {
 
 impl NsDelegate {
     pub fn on() -> Self {
-        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-        let (mount, options) = mounts
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                (f.get(2) == Some(&"cgroup2")).then(|| (PathBuf::from(f[1]), f[3].to_owned()))
-            })
-            .expect("a cgroup2 mount");
-        if options.split(',').any(|o| o == "nsdelegate") {
+        let (mount, options) = cgroup2_mount_options().expect("a cgroup2 mount");
+        if has_nsdelegate(&options) {
             return NsDelegate {
                 mount,
                 restore: None,
@@ -159,14 +161,9 @@ impl NsDelegate {
         );
         // The kernel ignores the option when the remount comes from a
         // cgroup namespace other than the first.
-        let now = fs::read_to_string("/proc/self/mounts").unwrap();
         assert!(
-            now.lines().any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.get(1).copied() == mount.to_str()
-                    && f.get(3)
-                        .is_some_and(|o| o.split(',').any(|o| o == "nsdelegate"))
-            }),
+            cgroup2_mount_options()
+                .is_some_and(|(dir, options)| dir == mount && has_nsdelegate(&options)),
             "{} has nsdelegate after the remount",
             mount.display()
         );
@@ -685,4 +682,16 @@ pub fn accelerated_with(
         agent,
         kernel,
     })
+}
+
+/// The pod's qproxy (`qp`) accelerated, 100 requests on as many new
+/// connections through it: at least 200 messages redirected.
+pub fn churn_redirected(agent: &Agent, pod: &mut Pod, qp: u32) {
+    agent.wait_accelerating(qp);
+    assert!(pod.run(
+        deadline(),
+        &go_app(),
+        &["-addr", "127.0.0.1:8080", "-churn", "100"]
+    ));
+    agent.wait_metric("qproxy_accel_redirected_messages_total", |v| v >= 200.0);
 }
