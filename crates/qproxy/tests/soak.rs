@@ -19,7 +19,7 @@
 //! their peak in the first third by more than 10%; and once the clients
 //! and the app are gone, the descriptors come back to where they started.
 //!
-//! `scripts/test soak` runs it for two minutes; `benches/RESULTS.md` has
+//! `scripts/test soak` runs it for ninety seconds; `benches/RESULTS.md` has
 //! the figures of a thirty-minute run.
 
 // A test fails by panicking, with what went wrong.
