@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
-"""Pack a static qproxy binary into a container image archive, no daemon needed.
+"""Pack a static binary into a container image archive, no daemon needed.
 
 The archive is an OCI image layout in a tar (what `skopeo` calls
 `oci-archive:`) that also carries Docker's `manifest.json`, so `docker load`,
 `kind load image-archive`, `ctr images import` and `skopeo copy` all read it.
 
-The image has one layer: the binary at /qproxy and the /etc/passwd and
-/etc/group of deploy/rootfs (a `nonroot` user, 65532). It runs as 65532:65532,
-its entrypoint is /qproxy, and it declares qproxy's ports. Every timestamp is
-SOURCE_DATE_EPOCH (0 when unset), so the same binary gives the same bytes.
+Two images, by `--image`:
 
-Usage: oci_image.py --binary PATH --out ARCHIVE [--tag NAME:TAG] [--arch amd64]
+- `qproxy` (the default): the sidecar at /qproxy, run as 65532:65532 (the
+  `nonroot` user of deploy/rootfs's /etc/passwd and /etc/group), declaring
+  qproxy's ports.
+- `qproxy-accel`: the node agent at /qproxy-accel, run as root (it loads BPF
+  programs; its DaemonSet grants the capabilities), declaring its metrics
+  port.
+
+Each has one layer: the binary and deploy/rootfs's /etc/passwd and
+/etc/group. Every timestamp is SOURCE_DATE_EPOCH (0 when unset), so the
+same binary gives the same bytes.
+
+Usage: oci_image.py --binary PATH --out ARCHIVE [--image qproxy|qproxy-accel]
+                    [--tag NAME:TAG] [--arch amd64] [--version V]
 """
 
 import argparse
@@ -23,11 +32,22 @@ import os
 import sys
 import tarfile
 
-USER = "65532:65532"
-ENTRYPOINT = ["/qproxy"]
-# The main handler (HTTP/1.1 and h2c), admin, autoscaler stats, user metrics
-# and the CPU profile, as in Knative's queue-proxy container spec.
-PORTS = [8012, 8013, 8022, 9090, 9091, 8008]
+IMAGES = {
+    "qproxy": {
+        "user": "65532:65532",
+        # The main handler (HTTP/1.1 and h2c), admin, autoscaler stats, user
+        # metrics and the CPU profile, as in Knative's queue-proxy container
+        # spec.
+        "ports": [8012, 8013, 8022, 9090, 9091, 8008],
+        "description": "A drop-in replacement for Knative Serving's queue-proxy",
+    },
+    "qproxy-accel": {
+        "user": "0:0",
+        # --metrics-addr in deploy/accel-daemonset.yaml.
+        "ports": [9095],
+        "description": "qproxy's node agent: an eBPF bypass of the loopback hop to the app",
+    },
+}
 ROOTFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rootfs")
 
 
@@ -50,7 +70,7 @@ def tar_dir(name, mtime):
     return info
 
 
-def layer(binary, mtime):
+def layer(binary, path, mtime):
     """The root filesystem as an uncompressed tar, entries in a fixed order."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -59,7 +79,7 @@ def layer(binary, mtime):
             with open(os.path.join(ROOTFS, "etc", name), "rb") as f:
                 tar.addfile(*tar_entry("etc/" + name, f.read(), 0o644, mtime))
         with open(binary, "rb") as f:
-            tar.addfile(*tar_entry("qproxy", f.read(), 0o755, mtime))
+            tar.addfile(*tar_entry(path, f.read(), 0o755, mtime))
     return out.getvalue()
 
 
@@ -82,9 +102,10 @@ def canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def build(binary, tag, arch, version, mtime):
+def build(binary, image, tag, arch, version, mtime):
     """Returns the archive's files, path -> bytes, in the order they are written."""
-    rootfs = layer(binary, mtime)
+    kind = IMAGES[image]
+    rootfs = layer(binary, image, mtime)
     compressed = io.BytesIO()
     with gzip.GzipFile(fileobj=compressed, mode="wb", mtime=0) as gz:
         gz.write(rootfs)
@@ -97,13 +118,13 @@ def build(binary, tag, arch, version, mtime):
             "os": "linux",
             "created": created,
             "config": {
-                "User": USER,
-                "Entrypoint": ENTRYPOINT,
-                "ExposedPorts": {f"{p}/tcp": {} for p in PORTS},
+                "User": kind["user"],
+                "Entrypoint": ["/" + image],
+                "ExposedPorts": {f"{p}/tcp": {} for p in kind["ports"]},
                 "WorkingDir": "/",
                 "Labels": {
-                    "org.opencontainers.image.title": "qproxy",
-                    "org.opencontainers.image.description": "A drop-in replacement for Knative Serving's queue-proxy",
+                    "org.opencontainers.image.title": image,
+                    "org.opencontainers.image.description": kind["description"],
                     "org.opencontainers.image.version": version,
                     "org.opencontainers.image.licenses": "Apache-2.0",
                 },
@@ -167,7 +188,10 @@ def build(binary, tag, arch, version, mtime):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", required=True, help="the static qproxy binary")
+    parser.add_argument("--binary", required=True, help="the static binary")
+    parser.add_argument(
+        "--image", default="qproxy", choices=sorted(IMAGES), help="which image"
+    )
     parser.add_argument("--out", required=True, help="the archive to write")
     parser.add_argument("--tag", default="qproxy:latest", help="image name and tag")
     parser.add_argument("--arch", default="amd64", help="OCI architecture name")
@@ -175,7 +199,9 @@ def main():
     args = parser.parse_args()
 
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    files, layer_size = build(args.binary, args.tag, args.arch, args.version, mtime)
+    files, layer_size = build(
+        args.binary, args.image, args.tag, args.arch, args.version, mtime
+    )
     tmp = args.out + ".tmp"
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tar.addfile(tar_dir("blobs", mtime))

@@ -490,28 +490,101 @@ async fn restarting_the_agent_under_load_fails_nothing() {
     }
 }
 
-/// The capabilities `deploy/accel-daemonset.yaml` grants, and no more:
-/// `CAP_NET_ADMIN` (network BPF programs and maps, the self-test's loopback),
-/// `CAP_SYS_ADMIN` (the self-test's network namespace; it also covers what
-/// `CAP_BPF` would), `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH` (the
-/// environment and a socket of a qproxy that runs as another user).
-const AGENT_CAPS: &str = "-all,+net_admin,+sys_admin,+sys_ptrace,+dac_read_search";
-
+/// `deploy/accel-daemonset.yaml`'s agent as the kubelet would run it: the
+/// binary of the image `deploy/build-image.sh --agent` packs, as the user
+/// the manifest names, with the manifest's arguments (this machine's
+/// cgroup, pin directory and a free metrics port in place of the node's)
+/// and only the capabilities the manifest adds. It attaches, answers the
+/// readiness probe, and accelerates a pod whose qproxy runs as another
+/// user.
+///
+/// The capabilities (docs/accel.md, "Privileges"): `NET_ADMIN` (network BPF
+/// programs and maps, the self-test's loopback), `SYS_ADMIN` (the
+/// self-test's network namespace; it also covers what `CAP_BPF` would),
+/// `SYS_PTRACE` and `DAC_READ_SEARCH` (the environment and a socket of a
+/// qproxy that runs as another user).
 #[test]
-fn the_agent_needs_only_the_capabilities_it_is_given() {
-    let Some(k) = kernel("the_agent_needs_only_the_capabilities_it_is_given") else {
+fn the_daemonset_s_agent_runs_from_its_image_with_only_its_capabilities() {
+    let Some(k) = kernel("the_daemonset_s_agent_runs_from_its_image_with_only_its_capabilities")
+    else {
         return;
     };
-    let bounding = format!("--bounding-set={AGENT_CAPS}");
+    let ds = deploy::daemonset();
+    let image = deploy::agent_image();
+
+    // The manifest and the image agree.
+    assert_eq!(
+        ds.image, image.tag,
+        "the DaemonSet runs the image deploy/build-image.sh --agent tags"
+    );
+    assert_eq!(
+        image.config["Entrypoint"],
+        serde_json::json!(["/qproxy-accel"])
+    );
+    assert_eq!(
+        image.config["User"].as_str(),
+        Some(format!("{0}:{0}", ds.run_as_user).as_str()),
+        "the image's user is the one the manifest asks for"
+    );
+    assert!(
+        !deploy::dynamically_linked(&image.binary()),
+        "the image's agent starts on an empty base"
+    );
+    let port = ds.metrics_port;
+    assert!(
+        image.config["ExposedPorts"]
+            .get(format!("{port}/tcp"))
+            .is_some(),
+        "the image declares the metrics port: {}",
+        image.config
+    );
+    let addr = ds.arg("metrics-addr").expect("--metrics-addr");
+    assert!(
+        addr.ends_with(&format!(":{port}")),
+        "--metrics-addr={addr} serves on the container port {port}"
+    );
+    assert!(
+        ds.probe_port.as_str() == Some("metrics") || ds.probe_port.as_i64() == Some(port),
+        "the readiness probe asks the metrics port"
+    );
+    assert_eq!(ds.dropped, ["ALL"], "every capability not added is dropped");
+    assert!(ds.arg("cgroup").is_some() && ds.arg("pin-dir").is_some());
+
+    // Run as the manifest says, but where this machine has its pods.
+    let node_specific = ["--cgroup=", "--pin-dir=", "--metrics-addr="];
+    let mut args: Vec<&str> = ds
+        .args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !node_specific.iter().any(|p| a.starts_with(p)))
+        .collect();
+    args.extend(ACCEPT_KNOWN);
+    let bounding = format!(
+        "--bounding-set=-all,{}",
+        ds.capabilities
+            .iter()
+            .map(|c| format!("+{}", c.to_lowercase()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let user = ds.run_as_user.to_string();
     let wrapper = [
         "setpriv",
+        "--reuid",
+        &user,
+        "--regid",
+        &user,
+        "--clear-groups",
         "--inh-caps=-all",
         "--ambient-caps=-all",
         bounding.as_str(),
         "--",
     ];
-    let agent = Agent::start_wrapped(&k, &wrapper, &ACCEPT_KNOWN);
+    let agent = Agent::start_binary(&k, &image.binary(), &wrapper, &args);
     agent.wait_log("the programs attached", "attached under");
+    until("the readiness probe to pass", || {
+        (agent.get(&ds.probe_path).0 == 200).then_some(())
+    });
     let (mut pod, qp) = app_pod_as(&k, "nonroot", Some(65532));
     churn_redirected(&agent, &mut pod, qp);
 }

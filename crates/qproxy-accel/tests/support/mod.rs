@@ -6,6 +6,8 @@
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+pub mod deploy;
+
 use std::{
     fs,
     io::{BufRead, BufReader, Read, Write},
@@ -417,13 +419,19 @@ impl Agent {
     /// The same, run by `wrapper` (a command and its arguments, the agent
     /// after them), such as `setpriv` with fewer capabilities.
     pub fn start_wrapped(kernel: &Kernel, wrapper: &[&str], extra: &[&str]) -> Self {
+        Self::start_binary(kernel, agent_bin(), wrapper, extra)
+    }
+
+    /// [`Agent::start_wrapped`] with another build of the agent, such as
+    /// the one its image holds.
+    pub fn start_binary(kernel: &Kernel, binary: &Path, wrapper: &[&str], extra: &[&str]) -> Self {
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
-                c.args(args).arg(agent_bin());
+                c.args(args).arg(binary);
                 c
             }
-            None => Command::new(agent_bin()),
+            None => Command::new(binary),
         };
         let mut child = command
             .arg("--cgroup")
