@@ -94,6 +94,22 @@ impl Counters {
             peer_gone,
         }
     }
+
+    /// What was counted since `before`, a reading of the same counters.
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            redirected_messages: self
+                .redirected_messages
+                .saturating_sub(before.redirected_messages),
+            redirected_bytes: self
+                .redirected_bytes
+                .saturating_sub(before.redirected_bytes),
+            fallbacks: self.fallbacks.saturating_sub(before.fallbacks),
+            insert_failures: self.insert_failures.saturating_sub(before.insert_failures),
+            inserted: self.inserted.saturating_sub(before.inserted),
+            peer_gone: self.peer_gone.saturating_sub(before.peer_gone),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -24,6 +24,15 @@
 //!   fails this: blocking apps see `EAGAIN`);
 //!
 //! and the agent then checks that the echo was redirected at all.
+//!
+//! The child runs one check at a time and waits for the agent's word
+//! before the next. In between, the agent reads the programs' counters:
+//! a check of redirected sockets one of whose connections fell back to
+//! TCP (its first message found no peer, as happens when the kernel
+//! defers the handshake's last step) tested TCP instead, and `fionread-tcp`
+//! must have had its connection left on TCP. Such a check is run again, up
+//! to [`ATTEMPTS`] times, then fails as inconclusive; each check's line
+//! says what its connections did.
 
 use std::{
     fs,
@@ -49,6 +58,14 @@ const ECHO_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The argument that makes the agent's binary the self-test's child.
 pub const PEER_ARG: &str = "__self-test-peer";
+
+/// How many times a check is run before its connections' path counts
+/// against it.
+pub const ATTEMPTS: u32 = 3;
+
+/// The check of a connection left on TCP; every other check tests
+/// redirected sockets.
+const TCP_CHECK: &str = "fionread-tcp";
 
 /// One check and how it went.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,21 +224,73 @@ fn talk(child: &mut Child, accel: &mut Accel, report: &mut Report) -> Result<(),
     let port: u16 = port.parse().map_err(|_| format!("bad port in {ready:?}"))?;
     accel.allow(netns, port).map_err(|e| e.to_string())?;
     let mut stdin = child.stdin.take().ok_or("the child has no stdin")?;
+    let counters = |accel: &Accel| accel.counters().map_err(|e| e.to_string());
+    let mut before = counters(accel)?;
+    let mut attempt = 1;
     writeln!(stdin, "go").map_err(|e| e.to_string())?;
     for line in lines {
         let line = line.map_err(|e| e.to_string())?;
         if line == "done" {
             return Ok(());
         }
-        if let Some(rest) = line.strip_prefix("ok ") {
-            let (name, detail) = rest.split_once(' ').unwrap_or((rest, ""));
-            report.push(name, true, detail);
-        } else if let Some(rest) = line.strip_prefix("fail ") {
-            let (name, detail) = rest.split_once(' ').unwrap_or((rest, ""));
-            report.push(name, false, detail);
-        }
+        let (ok, rest) = match (line.strip_prefix("ok "), line.strip_prefix("fail ")) {
+            (Some(rest), _) => (true, rest),
+            (_, Some(rest)) => (false, rest),
+            _ => continue,
+        };
+        let (name, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+        let now = counters(accel)?;
+        let seen = now.since(&before);
+        before = now;
+        let seen_line = format!(
+            "{} messages, {} bytes redirected; {} fallbacks",
+            seen.redirected_messages, seen.redirected_bytes, seen.fallbacks
+        );
+        let reply = match took_its_path(name, &seen) {
+            Ok(()) => {
+                report.push(name, ok, format!("{detail} ({seen_line})"));
+                attempt = 1;
+                "next"
+            }
+            Err(_) if attempt < ATTEMPTS => {
+                attempt += 1;
+                "again"
+            }
+            Err(why) => {
+                report.push(
+                    name,
+                    false,
+                    format!("inconclusive after {ATTEMPTS} runs: {why} ({seen_line})"),
+                );
+                attempt = 1;
+                "next"
+            }
+        };
+        writeln!(stdin, "{reply}").map_err(|e| e.to_string())?;
     }
     Err("the self-test's child ended before it was done".to_owned())
+}
+
+/// Whether a check's connections took the path it tests, from what the
+/// counters saw while it ran (`seen`).
+fn took_its_path(check: &str, seen: &crate::Counters) -> Result<(), String> {
+    if check == TCP_CHECK {
+        return if seen.fallbacks > 0 {
+            Ok(())
+        } else {
+            Err("its connection was not left on TCP".to_owned())
+        };
+    }
+    if seen.fallbacks > 0 {
+        return Err(format!(
+            "{} of its connections fell back to TCP",
+            seen.fallbacks
+        ));
+    }
+    if seen.redirected_messages == 0 {
+        return Err("nothing of it was redirected".to_owned());
+    }
+    Ok(())
 }
 
 /// An error with its causes, on one line.
@@ -271,12 +340,22 @@ pub fn peer(cgroup: &Path) -> io::Result<()> {
         ("epoll-edge", check_epoll_edge),
         ("blocking-read", check_blocking_read),
     ];
+    // After each result, the agent says "next", or "again" when the
+    // check's connections did not take the path it tests.
+    let mut word = String::new();
     for (name, check) in checks {
-        match check(&inside, &outside) {
-            Ok(detail) => writeln!(out, "ok {name} {detail}")?,
-            Err(detail) => writeln!(out, "fail {name} {detail}")?,
+        loop {
+            match check(&inside, &outside) {
+                Ok(detail) => writeln!(out, "ok {name} {detail}")?,
+                Err(detail) => writeln!(out, "fail {name} {detail}")?,
+            }
+            out.flush()?;
+            word.clear();
+            io::stdin().read_line(&mut word)?;
+            if word.trim_end() != "again" {
+                break;
+            }
         }
-        out.flush()?;
     }
     writeln!(out, "done")?;
     out.flush()
@@ -614,5 +693,33 @@ fn check_blocking_read(inside: &TcpListener, _: &TcpListener) -> Result<String, 
         all => Err(format!(
             "{all} blocking reads failed with EAGAIN before their timeout ({here} in this check)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Counters;
+
+    fn seen(redirected_messages: u64, fallbacks: u64) -> Counters {
+        Counters {
+            redirected_messages,
+            fallbacks,
+            ..Counters::default()
+        }
+    }
+
+    #[test]
+    fn a_check_of_redirected_sockets_needs_every_connection_redirected() {
+        assert!(took_its_path("integrity", &seen(288, 0)).is_ok());
+        // One connection of four left on TCP: that part tested TCP.
+        assert!(took_its_path("integrity", &seen(200, 1)).is_err());
+        assert!(took_its_path("blocking-read", &seen(0, 0)).is_err());
+    }
+
+    #[test]
+    fn the_tcp_check_needs_its_connection_left_on_tcp() {
+        assert!(took_its_path(TCP_CHECK, &seen(0, 1)).is_ok());
+        assert!(took_its_path(TCP_CHECK, &seen(2, 0)).is_err());
     }
 }
