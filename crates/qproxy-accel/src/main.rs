@@ -320,7 +320,7 @@ async fn run(args: Args) -> Result<(), String> {
                     forget_gone(&mut accel, &known);
                     first = false;
                 }
-                export(&accel);
+                export(&mut accel);
             }
         }
     }
@@ -448,7 +448,6 @@ fn scan(
         }
         false
     });
-    metrics::gauge!("qproxy_accel_namespaces").set(known.len() as f64);
 }
 
 fn describe() {
@@ -479,7 +478,7 @@ fn describe() {
     metrics::describe_gauge!("qproxy_accel_sockets", "Sockets in the map now.");
     metrics::describe_gauge!(
         "qproxy_accel_namespaces",
-        "Network namespaces (pods) whose qproxy is accelerated."
+        "Network namespaces (pods) the programs accelerate now."
     );
     metrics::describe_gauge!(
         "qproxy_accel_attached",
@@ -487,7 +486,7 @@ fn describe() {
     );
 }
 
-fn export(accel: &Accel) {
+fn export(accel: &mut Accel) {
     match accel.counters() {
         Ok(c) => {
             metrics::counter!("qproxy_accel_redirected_messages_total")
@@ -503,6 +502,12 @@ fn export(accel: &Accel) {
     match accel.sockets() {
         Ok(n) => metrics::gauge!("qproxy_accel_sockets").set(n as f64),
         Err(e) => warn!("counting the sockets: {e}"),
+    }
+    // From the map the programs read, not from what this agent found: a
+    // namespace a previous agent allowed counts until it is forgotten.
+    match accel.allowed() {
+        Ok(allowed) => metrics::gauge!("qproxy_accel_namespaces").set(allowed.len() as f64),
+        Err(e) => warn!("counting the allowed namespaces: {e}"),
     }
 }
 

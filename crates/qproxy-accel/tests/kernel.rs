@@ -203,6 +203,93 @@ fn a_kernel_that_fails_the_self_test_gets_nothing_attached() {
     assert!(!agent.logged(&format!("pid={qp} ")), "no pod is allowed");
 }
 
+#[test]
+fn a_failed_self_test_detaches_what_a_killed_agent_left() {
+    let Some(k) = kernel("a_failed_self_test_detaches_what_a_killed_agent_left") else {
+        return;
+    };
+    // An agent attaches, accelerates a pod, and is killed (SIGKILL): its
+    // sockops program stays attached through its pinned link.
+    let first = Agent::start(&k, &ACCEPT_KNOWN);
+    first.wait_log("the programs attached", "attached under");
+    let (mut pod, qp) = app_pod(&k, "left");
+    churn_redirected(&first, &mut pod, qp);
+    let inserted = first.wait_metric("qproxy_accel_inserted_total", |_| true);
+    drop(first);
+    assert!(k.pin_dir().join("v1/sockops_link").exists());
+    // Left attached: 100 new connections join the map, 2 sockets each.
+    let churn = |pod: &mut Pod| {
+        assert!(pod.run(
+            deadline(),
+            &go_app(),
+            &["-addr", "127.0.0.1:8080", "-churn", "100"]
+        ));
+    };
+    churn(&mut pod);
+
+    // An agent on a kernel that fails its self-test (no check accepted)
+    // takes the program off before it says so.
+    let failing = Agent::start(&k, &[]);
+    let verdict = until("the agent's verdict", || {
+        if failing.logged("attached under") {
+            Some(true)
+        } else if failing.logged("nothing is attached") {
+            Some(false)
+        } else {
+            None
+        }
+    });
+    if verdict {
+        loud("SKIPPED the detaching half: this kernel passes the self-test");
+        return;
+    }
+    assert!(
+        failing.logged("detached the sockops program a previous agent left attached"),
+        "the failing agent says what it took off"
+    );
+    assert!(!k.pin_dir().join("v1/sockops_link").exists());
+    assert!(failing.terminate());
+    // Detached: 100 more connections, and none joins the map.
+    churn(&mut pod);
+
+    // The maps stay pinned: an agent that attaches again reads the counts
+    // as they were left.
+    let last = Agent::start(&k, &ACCEPT_KNOWN);
+    last.wait_log("the programs attached", "attached under");
+    let now = last.wait_metric("qproxy_accel_inserted_total", |_| true);
+    assert!(
+        now >= inserted + 200.0,
+        "left attached, the program put the new connections in the map ({inserted} then {now})"
+    );
+    assert!(
+        now < inserted + 400.0,
+        "detached, it put nothing more in the map ({inserted} then {now})"
+    );
+}
+
+#[test]
+fn a_new_agent_forgets_the_pods_gone_while_none_ran() {
+    let Some(k) = kernel("a_new_agent_forgets_the_pods_gone_while_none_ran") else {
+        return;
+    };
+    let first = Agent::start(&k, &ACCEPT_KNOWN);
+    first.wait_log("the programs attached", "attached under");
+    let (gone, qa) = app_pod(&k, "gone");
+    let (_stays, qb) = app_pod(&k, "stays");
+    first.wait_accelerating(qa);
+    first.wait_accelerating(qb);
+    first.wait_metric("qproxy_accel_namespaces", |v| v == 2.0);
+    // Killed: the pinned map still allows both namespaces. One pod goes
+    // while no agent runs.
+    drop(first);
+    drop(gone);
+    let next = Agent::start(&k, &ACCEPT_KNOWN);
+    next.wait_log("the programs attached", "attached under");
+    next.wait_accelerating(qb);
+    next.wait_metric("qproxy_accel_namespaces", |v| v == 1.0);
+    assert!(!next.logged(&format!("pid={qa} ")));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bytes_between_qproxy_and_the_app_skip_tcp() {
     let Some(k) = kernel("the_bytes_between_qproxy_and_the_app_skip_tcp") else {

@@ -710,16 +710,24 @@ pub fn accelerated_with(
 /// On a loaded or emulated machine the server's end can join late, when
 /// softirqs are deferred to ksoftirqd; such connections are counted as
 /// fallbacks and answered all the same, and more connections are made.
+///
+/// The agent exports its counters every scan: after each round, the wait
+/// is for the export that shows the round's 200 sockets in the map, so
+/// that a round is never made again only because its count was not out yet.
 pub fn churn_redirected(agent: &Agent, pod: &mut Pod, qp: u32) {
     agent.wait_accelerating(qp);
-    let redirected = || agent.metric("qproxy_accel_redirected_messages_total");
+    let inserted = "qproxy_accel_inserted_total";
     until("200 messages redirected", || {
+        let before = agent.wait_metric(inserted, |_| true);
         assert!(pod.run(
             deadline(),
             &go_app(),
             &["-addr", "127.0.0.1:8080", "-churn", "100"]
         ));
-        redirected().filter(|v| *v >= 200.0)
+        agent.wait_metric(inserted, |v| v >= before + 200.0);
+        agent
+            .metric("qproxy_accel_redirected_messages_total")
+            .filter(|v| *v >= 200.0)
     });
     if let Some(fell_back) = agent.metric("qproxy_accel_fallbacks_total") {
         eprintln!("connections that fell back to TCP: {fell_back}");
