@@ -635,6 +635,16 @@ fn the_daemonset_s_agent_runs_from_its_image_with_only_its_capabilities() {
         "the readiness probe asks the metrics port"
     );
     assert_eq!(ds.dropped, ["ALL"], "every capability not added is dropped");
+    // deploy/accel.Dockerfile builds the same image with Docker.
+    assert_eq!(
+        deploy::dockerfile_final("USER"),
+        [image.config["User"].as_str().unwrap()]
+    );
+    assert_eq!(
+        deploy::dockerfile_final("ENTRYPOINT"),
+        [r#"["/qproxy-accel"]"#]
+    );
+    assert_eq!(deploy::dockerfile_final("EXPOSE"), [port.to_string()]);
     assert!(ds.arg("cgroup").is_some() && ds.arg("pin-dir").is_some());
 
     // Run as the manifest says, but where this machine has its pods.

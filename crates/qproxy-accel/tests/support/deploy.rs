@@ -167,3 +167,16 @@ pub fn dynamically_linked(path: &Path) -> bool {
     let headers = run(Command::new("readelf").arg("-lW").arg(path));
     String::from_utf8_lossy(&headers).contains("INTERP")
 }
+
+/// An instruction of `deploy/accel.Dockerfile`'s final stage, each time it
+/// appears: what follows its name.
+pub fn dockerfile_final(instruction: &str) -> Vec<String> {
+    let text = fs::read_to_string(repo().join("deploy/accel.Dockerfile")).unwrap();
+    let (_, stage) = text.rsplit_once("\nFROM ").expect("a final stage");
+    assert!(stage.starts_with("scratch\n"), "an empty base");
+    stage
+        .lines()
+        .filter_map(|l| l.strip_prefix(instruction)?.strip_prefix(' '))
+        .map(str::to_owned)
+        .collect()
+}
