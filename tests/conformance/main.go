@@ -92,6 +92,7 @@ func main() {
 	report := flag.String("report", "../../target/conformance/report.md", "where to write the report")
 	only := flag.String("only", "", "run the scenarios whose name contains this")
 	isolate := flag.Bool("isolate", true, "play each run in a network namespace of its own, a scenario's runs at once (needs root; without it, one run at a time)")
+	scenariosAtOnce := flag.Int("scenarios-at-once", 3, "with -isolate, how many scenarios are played at once (their results still come in order)")
 	child := flag.String(childFlag, "", "(internal: one run, in the namespace the runner made for it)")
 	flag.Parse()
 	if *child != "" {
@@ -168,7 +169,67 @@ func main() {
 	ran := map[string]int{}
 	skipped := map[string]bool{}
 	unexplained := 0
-	for _, sc := range scenarios {
+	if !*isolate || *scenariosAtOnce < 1 {
+		*scenariosAtOnce = 1
+	}
+	// Scenarios are played a few at once (most of a long one is waiting:
+	// a drain is 30 s whoever drains), each run in namespaces of its own;
+	// they are compared and reported one by one, in order, as they end.
+	type played struct {
+		obs  [][2]*Observation
+		took time.Duration
+		done chan struct{}
+	}
+	playOne := func(sc Scenario, pl *played) {
+		defer close(pl.done)
+		start := time.Now()
+		// Each generation's two runs: isolated, all of them at once.
+		var wg sync.WaitGroup
+		for gi, g := range generations {
+			if !sc.In(g.Name) {
+				continue
+			}
+			for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", bin}} {
+				run := func() {
+					if *isolate {
+						pl.obs[gi][i] = playIsolated(sc, g.Name, p, logs, scenarioDir, certs)
+					} else {
+						pl.obs[gi][i] = play(sc, g.Name, p, logs)
+					}
+					dump(pl.obs[gi][i], filepath.Join(logs, sc.Name+"."+g.Name+"."+p.name+".fields"))
+				}
+				if !*isolate {
+					run()
+					continue
+				}
+				wg.Add(1)
+				go func() { defer wg.Done(); run() }()
+			}
+		}
+		wg.Wait()
+		pl.took = time.Since(start)
+	}
+	plays := make([]*played, len(scenarios))
+	for si, sc := range scenarios {
+		if *only != "" && !strings.Contains(sc.Name, *only) || sc.TLS && !*isolate {
+			continue
+		}
+		plays[si] = &played{obs: make([][2]*Observation, len(generations)), done: make(chan struct{})}
+	}
+	slots := make(chan struct{}, *scenariosAtOnce)
+	go func() {
+		for si, sc := range scenarios {
+			if plays[si] == nil {
+				continue
+			}
+			slots <- struct{}{}
+			go func() {
+				defer func() { <-slots }()
+				playOne(sc, plays[si])
+			}()
+		}
+	}()
+	for si, sc := range scenarios {
 		if *only != "" && !strings.Contains(sc.Name, *only) {
 			continue
 		}
@@ -180,32 +241,9 @@ func main() {
 			continue
 		}
 		summary[sc.Name] = map[string]string{}
-		start := time.Now()
-		// Each generation's two runs: isolated, all of them at once.
-		obs := make([][2]*Observation, len(generations))
-		var wg sync.WaitGroup
-		for gi, g := range generations {
-			if !sc.In(g.Name) {
-				continue
-			}
-			for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", bin}} {
-				run := func() {
-					if *isolate {
-						obs[gi][i] = playIsolated(sc, g.Name, p, logs, scenarioDir, certs)
-					} else {
-						obs[gi][i] = play(sc, g.Name, p, logs)
-					}
-					dump(obs[gi][i], filepath.Join(logs, sc.Name+"."+g.Name+"."+p.name+".fields"))
-				}
-				if !*isolate {
-					run()
-					continue
-				}
-				wg.Add(1)
-				go func() { defer wg.Done(); run() }()
-			}
-		}
-		wg.Wait()
+		pl := plays[si]
+		<-pl.done
+		obs := pl.obs
 		for gi, g := range generations {
 			if !sc.In(g.Name) {
 				summary[sc.Name][g.Name] = "(not in this generation)"
@@ -240,7 +278,7 @@ func main() {
 				verdict = fmt.Sprintf("**%d DIFFER**, %d as expected, %d same", unexplainedHere, expectedDiffs, same)
 			}
 			summary[sc.Name][g.Name] = verdict
-			fmt.Fprintf(os.Stderr, "%-40s %-8s %3d fields, %d differ  (%s)\n", sc.Name, g.Name, len(rows), len(rows)-same, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "%-40s %-8s %3d fields, %d differ  (%s)\n", sc.Name, g.Name, len(rows), len(rows)-same, pl.took.Round(time.Millisecond))
 		}
 	}
 	stale := 0
