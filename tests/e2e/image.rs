@@ -14,7 +14,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use object::read::elf::{Dyn, ElfFile64, ProgramHeader};
-use qproxy_test_support::{App, QProxy, get, h1, knative_env, kubelet_health, text, within};
+use qproxy_test_support::{
+    App, QProxy, get, h1, knative_env, kubelet_health, run_tool, text, within,
+};
 use serde_json::Value;
 
 /// The image's user, as Knative's `runAsNonRoot` needs it: numeric, not 0.
@@ -22,21 +24,6 @@ const USER: &str = "65532:65532";
 
 fn repo() -> &'static Path {
     qproxy_test_support::workspace()
-}
-
-/// Runs `command`, failing the test with its output if it fails.
-fn run(command: &mut Command) -> Vec<u8> {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?} runs: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 /// The image archive, unpacked once for all the tests of this file.
@@ -58,10 +45,12 @@ fn image() -> &'static Unpacked {
             Some(path) => PathBuf::from(path),
             None => {
                 let archive = work.join("qproxy.tar");
-                run(Command::new(repo().join("deploy/build-image.sh"))
-                    .args(["--profile", "dev", "--tag", "qproxy:test", "--out"])
-                    .arg(&archive)
-                    .env("CARGO_TARGET_DIR", repo().join("target/image")));
+                run_tool(
+                    Command::new(repo().join("deploy/build-image.sh"))
+                        .args(["--profile", "dev", "--tag", "qproxy:test", "--out"])
+                        .arg(&archive)
+                        .env("CARGO_TARGET_DIR", repo().join("target/image")),
+                );
                 archive
             }
         };
@@ -69,23 +58,27 @@ fn image() -> &'static Unpacked {
         let rootfs = work.join("rootfs");
         fs::create_dir_all(&layout).expect("layout folder");
         fs::create_dir_all(&rootfs).expect("rootfs folder");
-        run(Command::new("tar")
-            .arg("-xf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(&layout));
+        run_tool(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&archive)
+                .arg("-C")
+                .arg(&layout),
+        );
         let unpacked = Unpacked {
             archive,
             layout,
             rootfs,
         };
         let layer = unpacked.blob(&unpacked.manifest()["layers"][0]["digest"]);
-        run(Command::new("tar")
-            .arg("--same-owner")
-            .arg("-xzf")
-            .arg(layer)
-            .arg("-C")
-            .arg(&unpacked.rootfs));
+        run_tool(
+            Command::new("tar")
+                .arg("--same-owner")
+                .arg("-xzf")
+                .arg(layer)
+                .arg("-C")
+                .arg(&unpacked.rootfs),
+        );
         unpacked
     })
 }
@@ -102,7 +95,7 @@ impl Unpacked {
         let digest = digest.as_str().expect("digest is a string");
         let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
         let path = self.layout.join("blobs/sha256").join(hex);
-        let sum = run(Command::new("sha256sum").arg(&path));
+        let sum = run_tool(Command::new("sha256sum").arg(&path));
         assert!(
             sum.starts_with(hex.as_bytes()),
             "{digest} holds other bytes"
@@ -202,7 +195,7 @@ fn config_runs_the_binary_as_an_unprivileged_user_with_the_sidecar_ports() {
 }
 
 fn run_pipe(script: &str) -> String {
-    String::from_utf8_lossy(&run(Command::new("sh").arg("-c").arg(script))).into_owned()
+    String::from_utf8_lossy(&run_tool(Command::new("sh").arg("-c").arg(script))).into_owned()
 }
 
 #[test]
@@ -211,9 +204,11 @@ fn skopeo_reads_it_as_an_oci_and_a_docker_archive() {
     let image = image();
     for transport in ["oci-archive", "docker-archive"] {
         let reference = format!("{transport}:{}", image.archive.display());
-        let config: Value = serde_json::from_slice(&run(Command::new("skopeo")
-            .args(["inspect", "--config"])
-            .arg(&reference)))
+        let config: Value = serde_json::from_slice(&run_tool(
+            Command::new("skopeo")
+                .args(["inspect", "--config"])
+                .arg(&reference),
+        ))
         .expect("skopeo prints the config");
         assert_eq!(config["config"]["User"], USER, "{transport}");
         assert_eq!(config["config"]["Entrypoint"][0], "/qproxy", "{transport}");
@@ -221,10 +216,12 @@ fn skopeo_reads_it_as_an_oci_and_a_docker_archive() {
         // Copying checks every blob against its digest.
         let copy = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("image-copy-{transport}"));
         let _ = fs::remove_dir_all(&copy);
-        run(Command::new("skopeo")
-            .args(["copy", "--quiet"])
-            .arg(&reference)
-            .arg(format!("dir:{}", copy.display())));
+        run_tool(
+            Command::new("skopeo")
+                .args(["copy", "--quiet"])
+                .arg(&reference)
+                .arg(format!("dir:{}", copy.display())),
+        );
     }
 }
 
@@ -326,7 +323,7 @@ fn entrypoint(image: &Unpacked) -> Command {
 #[test]
 #[ignore = "needs skopeo and binutils (readelf): scripts/test installs them"]
 fn binary_prints_its_version_from_the_empty_root() {
-    let out = run(entrypoint(image()).arg("--version"));
+    let out = run_tool(entrypoint(image()).arg("--version"));
     assert_eq!(
         String::from_utf8_lossy(&out),
         format!("qproxy {}\n", env!("CARGO_PKG_VERSION"))

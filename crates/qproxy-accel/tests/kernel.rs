@@ -180,16 +180,7 @@ fn a_kernel_that_fails_the_self_test_gets_nothing_attached() {
     };
     let (_pod, qp) = app_pod(&k, "a");
     let agent = Agent::start(&k, &[]);
-    let verdict = until("the agent's verdict", || {
-        if agent.logged("attached under") {
-            Some(true)
-        } else if agent.logged("nothing is attached") {
-            Some(false)
-        } else {
-            None
-        }
-    });
-    if verdict {
+    if agent.wait_verdict() {
         loud("SKIPPED the refusal half: this kernel passes the self-test");
         assert_eq!(agent.get("/ready").0, 200);
         return;
@@ -230,16 +221,7 @@ fn a_failed_self_test_detaches_what_a_killed_agent_left() {
     // An agent on a kernel that fails its self-test (no check accepted)
     // takes the program off before it says so.
     let failing = Agent::start(&k, &[]);
-    let verdict = until("the agent's verdict", || {
-        if failing.logged("attached under") {
-            Some(true)
-        } else if failing.logged("nothing is attached") {
-            Some(false)
-        } else {
-            None
-        }
-    });
-    if verdict {
+    if failing.wait_verdict() {
         loud("SKIPPED the detaching half: this kernel passes the self-test");
         return;
     }

@@ -396,6 +396,22 @@ impl Drop for QProxy {
     }
 }
 
+/// Runs a tool to its end; its standard output, or the test fails with
+/// the tool's output.
+pub fn run_tool(command: &mut Command) -> Vec<u8> {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// Sends a signal (`TERM`, `INT`, `KILL` or `HUP`) to a process.
 pub fn signal(pid: u32, sig: &str) {
     use rustix::process::{Pid, Signal, kill_process};

@@ -9,26 +9,12 @@ use std::{
     sync::OnceLock,
 };
 
+use qproxy_test_support::run_tool;
 use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `command`; its standard output, or the test fails with its output.
-fn run(command: &mut Command) -> Vec<u8> {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?} runs: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 /// The agent's container of the DaemonSet.
@@ -124,7 +110,8 @@ pub fn agent_image() -> &'static AgentImage {
         let archive = match std::env::var_os("QPROXY_ACCEL_IMAGE") {
             Some(path) => PathBuf::from(path),
             None => {
-                let out = run(Command::new(repo().join("deploy/build-image.sh")).arg("--agent"));
+                let out =
+                    run_tool(Command::new(repo().join("deploy/build-image.sh")).arg("--agent"));
                 let last = String::from_utf8(out).unwrap();
                 repo().join(last.lines().last().expect("the archive's path"))
             }
@@ -134,11 +121,13 @@ pub fn agent_image() -> &'static AgentImage {
         let (layout, rootfs) = (work.join("layout"), work.join("rootfs"));
         fs::create_dir_all(&layout).unwrap();
         fs::create_dir_all(&rootfs).unwrap();
-        run(Command::new("tar")
-            .arg("-xf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(&layout));
+        run_tool(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&archive)
+                .arg("-C")
+                .arg(&layout),
+        );
         let json = |path: &Path| -> Value {
             serde_json::from_slice(&fs::read(layout.join(path)).unwrap()).unwrap()
         };
@@ -148,11 +137,13 @@ pub fn agent_image() -> &'static AgentImage {
         assert_eq!(tags.len(), 1, "one tag: {entry}");
         let layers = entry["Layers"].as_array().expect("Layers");
         assert_eq!(layers.len(), 1, "one layer: {entry}");
-        run(Command::new("tar")
-            .arg("-xzf")
-            .arg(layout.join(layers[0].as_str().unwrap()))
-            .arg("-C")
-            .arg(&rootfs));
+        run_tool(
+            Command::new("tar")
+                .arg("-xzf")
+                .arg(layout.join(layers[0].as_str().unwrap()))
+                .arg("-C")
+                .arg(&rootfs),
+        );
         let config = json(Path::new(entry["Config"].as_str().expect("Config")));
         AgentImage {
             tag: tags[0].as_str().unwrap().to_owned(),
@@ -164,7 +155,7 @@ pub fn agent_image() -> &'static AgentImage {
 
 /// Whether the ELF file at `path` asks for a dynamic loader.
 pub fn dynamically_linked(path: &Path) -> bool {
-    let headers = run(Command::new("readelf").arg("-lW").arg(path));
+    let headers = run_tool(Command::new("readelf").arg("-lW").arg(path));
     String::from_utf8_lossy(&headers).contains("INTERP")
 }
 

@@ -474,6 +474,20 @@ impl Agent {
         until(what, || self.line(|l| l.contains(needle)))
     }
 
+    /// The gate's verdict, waited for: whether the programs attached
+    /// (else the kernel failed the self-test and nothing is).
+    pub fn wait_verdict(&self) -> bool {
+        until("the agent's verdict", || {
+            if self.logged("attached under") {
+                Some(true)
+            } else if self.logged("nothing is attached") {
+                Some(false)
+            } else {
+                None
+            }
+        })
+    }
+
     /// Whether some log line contains `needle` now.
     pub fn logged(&self, needle: &str) -> bool {
         self.line(|l| l.contains(needle)).is_some()
