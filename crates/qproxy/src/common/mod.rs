@@ -1,12 +1,13 @@
 //! What the layers, the reverse proxy and the small servers share: bodies
 //! and their guards, the answers qproxy makes itself, the tunnels of
 //! upgraded connections, the app connections kept alive, Knative's header
-//! names and Go's formatting.
+//! names, Go's formatting, and the TLS crypto provider.
 //!
 //! Everything here sits below the rest of the crate and imports nothing
 //! from it, so that no two modules above it need each other.
 
 pub(crate) mod body;
+pub(crate) mod crypto;
 pub(crate) mod go;
 pub(crate) mod h1;
 pub(crate) mod headers;

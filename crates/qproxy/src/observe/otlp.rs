@@ -198,10 +198,10 @@ impl<'a> Target<'a> {
             _ => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
         }
         let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
+            crate::common::crypto::provider(),
         ))
         .with_safe_default_protocol_versions()
-        .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
+        .unwrap_or_else(|_| unreachable!("aws-lc-rs supports the default protocol versions"))
         .with_root_certificates(roots);
         let identity = self.client_identity_pem().and_then(|(cert, key)| {
             let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert)

@@ -78,7 +78,7 @@ impl Server {
     /// certificate when it is mounted. Must be called within a Tokio
     /// runtime.
     pub fn bind(config: Config) -> Result<Self, crate::Error> {
-        crate::tls::install_default_provider();
+        crate::common::crypto::install_default_provider();
         let open_files = listener::raise_open_files_limit();
         tracing::debug!(?open_files, "open files limit");
         let ports = config.ports;
@@ -147,7 +147,7 @@ pub struct MainPort {
 impl MainPort {
     /// The main port of `config`. Must be called within a Tokio runtime.
     pub fn new(config: &Config) -> Result<Self, ExportError> {
-        crate::tls::install_default_provider();
+        crate::common::crypto::install_default_provider();
         Ok(Self {
             shared: build(config)?.main,
             graceful: GracefulShutdown::new(),

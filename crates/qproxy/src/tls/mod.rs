@@ -20,7 +20,6 @@ mod watch;
 use std::future::Future;
 use std::sync::Arc;
 
-use rustls::crypto::CryptoProvider;
 use tokio_rustls::TlsAcceptor;
 
 pub use certs::CertError;
@@ -39,22 +38,7 @@ pub enum TlsError {
     Cert(#[from] CertError),
 }
 
-/// The cryptography qproxy's TLS is built on: aws-lc-rs, the provider
-/// with `X25519MLKEM768`, the post-quantum group current Knative's Go
-/// queue-proxy settles on by default (and one with a FIPS-validated
-/// build). Measured against ring (`benches/RESULTS.md`): the same CPU per
-/// request and per handshake, 2.9 MB more binary.
-pub(crate) fn provider() -> CryptoProvider {
-    rustls::crypto::aws_lc_rs::default_provider()
-}
-
-/// Makes ring rustls's process-wide default, for the clients that take
-/// the default (the OTLP exporters' tonic and hyper-rustls): with two
-/// providers linked in, rustls would not pick one and they would panic.
-/// The TLS port names its own provider.
-pub(crate) fn install_default_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub(crate) use crate::common::crypto::provider;
 
 /// The TLS side of the servers, when the certificate is mounted.
 #[derive(Clone)]
