@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 use object::read::elf::{Dyn, ElfFile64, ProgramHeader};
 use qproxy_test_support::{
-    App, QProxy, get, h1, knative_env, kubelet_health, run_tool, text, within,
+    App, QProxy, get, h1, knative_env, kubelet_health, run_tool, text, untar, within,
 };
 use serde_json::Value;
 
@@ -56,29 +56,14 @@ fn image() -> &'static Unpacked {
         };
         let layout = work.join("layout");
         let rootfs = work.join("rootfs");
-        fs::create_dir_all(&layout).expect("layout folder");
-        fs::create_dir_all(&rootfs).expect("rootfs folder");
-        run_tool(
-            Command::new("tar")
-                .arg("-xf")
-                .arg(&archive)
-                .arg("-C")
-                .arg(&layout),
-        );
+        untar(&archive, &layout);
         let unpacked = Unpacked {
             archive,
             layout,
             rootfs,
         };
         let layer = unpacked.blob(&unpacked.manifest()["layers"][0]["digest"]);
-        run_tool(
-            Command::new("tar")
-                .arg("--same-owner")
-                .arg("-xzf")
-                .arg(layer)
-                .arg("-C")
-                .arg(&unpacked.rootfs),
-        );
+        untar(&layer, &unpacked.rootfs);
         unpacked
     })
 }

@@ -187,10 +187,7 @@ fn a_kernel_that_fails_the_self_test_gets_nothing_attached() {
     }
     assert_eq!(agent.get("/ready").0, 503, "not ready");
     assert_eq!(agent.metric("qproxy_accel_attached"), Some(0.0));
-    assert!(
-        !k.pin_dir().join("v1/sockops_link").exists(),
-        "no program is attached"
-    );
+    assert!(!k.sockops_link().exists(), "no program is attached");
     assert!(!agent.logged(&format!("pid={qp} ")), "no pod is allowed");
 }
 
@@ -207,16 +204,9 @@ fn a_failed_self_test_detaches_what_a_killed_agent_left() {
     churn_redirected(&first, &mut pod, qp);
     let inserted = first.wait_metric("qproxy_accel_inserted_total", |_| true);
     drop(first);
-    assert!(k.pin_dir().join("v1/sockops_link").exists());
+    assert!(k.sockops_link().exists());
     // Left attached: 100 new connections join the map, 2 sockets each.
-    let churn = |pod: &mut Pod| {
-        assert!(pod.run(
-            deadline(),
-            &go_app(),
-            &["-addr", "127.0.0.1:8080", "-churn", "100"]
-        ));
-    };
-    churn(&mut pod);
+    assert!(pod.churn(100, deadline()));
 
     // An agent on a kernel that fails its self-test (no check accepted)
     // takes the program off before it says so.
@@ -229,10 +219,10 @@ fn a_failed_self_test_detaches_what_a_killed_agent_left() {
         failing.logged("detached the sockops program a previous agent left attached"),
         "the failing agent says what it took off"
     );
-    assert!(!k.pin_dir().join("v1/sockops_link").exists());
+    assert!(!k.sockops_link().exists());
     assert!(failing.terminate());
     // Detached: 100 more connections, and none joins the map.
-    churn(&mut pod);
+    assert!(pod.churn(100, deadline()));
 
     // The maps stay pinned: an agent that attaches again reads the counts
     // as they were left.
@@ -476,14 +466,9 @@ fn short_connections_leave_the_map_as_it_was() {
     // network namespace and its cgroup), as a health checker or another
     // container of the pod would make: each joins the map at both ends and
     // leaves it when it closes.
-    let churn = format!("{connections}");
     assert!(
         // About half a minute alone; longer beside the other tests.
-        pod.run(
-            Duration::from_secs(300),
-            &go_app(),
-            &["-addr", "127.0.0.1:8080", "-churn", &churn]
-        ),
+        pod.churn(connections, Duration::from_secs(300)),
         "every short connection is answered"
     );
     agent.wait_metric("qproxy_accel_inserted_total", |v| {

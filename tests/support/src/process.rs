@@ -412,6 +412,21 @@ pub fn run_tool(command: &mut Command) -> Vec<u8> {
     out.stdout
 }
 
+/// Unpacks the tar archive at `archive` (gzipped or not) into `into`,
+/// created if missing, keeping the owners it names: an image's archive or
+/// one of its layers.
+pub fn untar(archive: &Path, into: &Path) {
+    std::fs::create_dir_all(into).unwrap_or_else(|e| panic!("{}: {e}", into.display()));
+    run_tool(
+        Command::new("tar")
+            .arg("--same-owner")
+            .arg("-xf")
+            .arg(archive)
+            .arg("-C")
+            .arg(into),
+    );
+}
+
 /// Sends a signal (`TERM`, `INT`, `KILL` or `HUP`) to a process.
 pub fn signal(pid: u32, sig: &str) {
     use rustix::process::{Pid, Signal, kill_process};

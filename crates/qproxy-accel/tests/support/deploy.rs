@@ -9,7 +9,7 @@ use std::{
     sync::OnceLock,
 };
 
-use qproxy_test_support::run_tool;
+use qproxy_test_support::{run_tool, untar};
 use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -119,15 +119,7 @@ pub fn agent_image() -> &'static AgentImage {
         let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("agent-image");
         let _ = fs::remove_dir_all(&work);
         let (layout, rootfs) = (work.join("layout"), work.join("rootfs"));
-        fs::create_dir_all(&layout).unwrap();
-        fs::create_dir_all(&rootfs).unwrap();
-        run_tool(
-            Command::new("tar")
-                .arg("-xf")
-                .arg(&archive)
-                .arg("-C")
-                .arg(&layout),
-        );
+        untar(&archive, &layout);
         let json = |path: &Path| -> Value {
             serde_json::from_slice(&fs::read(layout.join(path)).unwrap()).unwrap()
         };
@@ -137,13 +129,7 @@ pub fn agent_image() -> &'static AgentImage {
         assert_eq!(tags.len(), 1, "one tag: {entry}");
         let layers = entry["Layers"].as_array().expect("Layers");
         assert_eq!(layers.len(), 1, "one layer: {entry}");
-        run_tool(
-            Command::new("tar")
-                .arg("-xzf")
-                .arg(layout.join(layers[0].as_str().unwrap()))
-                .arg("-C")
-                .arg(&rootfs),
-        );
+        untar(&layout.join(layers[0].as_str().unwrap()), &rootfs);
         let config = json(Path::new(entry["Config"].as_str().expect("Config")));
         AgentImage {
             tag: tags[0].as_str().unwrap().to_owned(),

@@ -211,6 +211,12 @@ impl Kernel {
         self.bpffs.join("qproxy-accel")
     }
 
+    /// The pinned link that keeps the sockops program attached (the agent's
+    /// layout, version 1).
+    pub fn sockops_link(&self) -> PathBuf {
+        self.pin_dir().join("v1/sockops_link")
+    }
+
     /// A new pod under the test's cgroup.
     pub fn pod(&self) -> Pod {
         Pod::new(&self.cgroup)
@@ -313,6 +319,19 @@ impl Pod {
             || child.try_wait().unwrap(),
         );
         status.success()
+    }
+
+    /// Makes `connections` short connections to the app's port (8080) from
+    /// inside the pod, one request each, as a health checker or another
+    /// container of the pod would; whether every one was answered within
+    /// `deadline`.
+    pub fn churn(&mut self, connections: u64, deadline: Duration) -> bool {
+        let connections = connections.to_string();
+        self.run(
+            deadline,
+            &go_app(),
+            &["-addr", "127.0.0.1:8080", "-churn", &connections],
+        )
     }
 
     /// Kills the process `pid` started in this pod and waits for it.
@@ -733,11 +752,7 @@ pub fn churn_redirected(agent: &Agent, pod: &mut Pod, qp: u32) {
     let inserted = "qproxy_accel_inserted_total";
     until("200 messages redirected", || {
         let before = agent.wait_metric(inserted, |_| true);
-        assert!(pod.run(
-            deadline(),
-            &go_app(),
-            &["-addr", "127.0.0.1:8080", "-churn", "100"]
-        ));
+        assert!(pod.churn(100, deadline()));
         agent.wait_metric(inserted, |v| v >= before + 200.0);
         agent
             .metric("qproxy_accel_redirected_messages_total")
