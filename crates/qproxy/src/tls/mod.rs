@@ -72,7 +72,6 @@ impl Tls {
         let store = Arc::new(CertStore::load(files, provider.clone())?);
         let generation = config.observability.generation();
         let server = settings::server_config(&settings, generation, &provider, store.clone())?;
-        seed_in_background(&provider);
         Ok(Some(Self {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             admin: generation == Generation::Classic,
@@ -84,26 +83,5 @@ impl Tls {
     /// servers run.
     pub(crate) fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
         self.store.watch()
-    }
-}
-
-/// Draws the provider's first random bytes on a thread of their own, so
-/// that the first handshake does not pay for seeding. aws-lc seeds its
-/// generator once per process, on first use, from CPU timing jitter:
-/// about 50 ms of CPU here, which the first client to connect waited for
-/// (its request took 60 ms where later ones took 5, and Go's first took
-/// 8). At start it overlaps with the app's own start; a client that
-/// connects before it is done waits for the seeding as before.
-fn seed_in_background(provider: &Arc<rustls::crypto::CryptoProvider>) {
-    let provider = provider.clone();
-    let spawned = std::thread::Builder::new()
-        .name("tls-seed".into())
-        .spawn(move || {
-            if provider.secure_random.fill(&mut [0u8; 1]).is_err() {
-                tracing::warn!("TLS: the cryptography provider gives no random bytes");
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::debug!(error = %e, "TLS: no thread to seed the random generator in; the first handshake will");
     }
 }
