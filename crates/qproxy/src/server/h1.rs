@@ -569,6 +569,12 @@ impl Outgoing {
         n -= front;
         let data = n.min(self.data.len());
         self.data.advance(data);
+        if self.data.is_empty() {
+            // Written: its memory goes back now (an emptied `Bytes` still
+            // holds it), so that the body it came from can read into it
+            // again.
+            self.data = Bytes::new();
+        }
         n -= data;
         self.back.drain(..n.min(self.back.len()));
         if self.data.is_empty() && self.front.is_empty() {
