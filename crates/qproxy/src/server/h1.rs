@@ -1177,4 +1177,27 @@ mod tests {
             }
         }
     }
+
+    /// A data frame, once written, lets go of its memory, so that the
+    /// body it came from reads into the same buffer again instead of a
+    /// new one for every read.
+    #[tokio::test]
+    async fn a_written_frame_lets_go_of_the_body_buffer() {
+        let size = 2 * COPY_MAX;
+        let mut read = BytesMut::with_capacity(2 * size);
+        read.resize(size, b'x');
+        let frame = read.split_to(size).freeze();
+        let mut framing = Framing::Length(size as u64);
+        let mut out = Outgoing::default();
+        out.data(&mut framing, frame);
+        let mut written = Vec::new();
+        poll_fn(|cx| out.poll_write(&mut written, cx))
+            .await
+            .unwrap();
+        assert_eq!(written.len(), size);
+        assert!(
+            read.try_reclaim(2 * size),
+            "the written frame still holds the body's buffer"
+        );
+    }
 }
