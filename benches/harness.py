@@ -123,14 +123,16 @@ def build(args):
             f.write(bytes(5))
     if "qproxy-accel" in args.contenders:
         out["accel"] = accel_setup()
-    if any(n in args.loads for n in TLS_LOAD_NUMBERS):
-        out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
+    tls = any(n in args.loads for n in TLS_LOAD_NUMBERS)
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
-    for tool in ["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads else []) + proxies:
+    for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads else [])
+                 + (["openssl"] if tls else []) + proxies):
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
         if not path:
             sys.exit(f"harness: {tool} is not installed")
         out[tool] = path
+    if tls:
+        out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
     return out
 
 
