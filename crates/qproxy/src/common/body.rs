@@ -8,6 +8,7 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h1::{self, AppBody};
+use super::h2::AppStream;
 use super::keep_alive::Checkin;
 
 /// A response body: streamed from the user container, or made by qproxy.
@@ -16,13 +17,16 @@ use super::keep_alive::Checkin;
 /// it, then trailers), never collected.
 #[derive(Debug)]
 pub(crate) enum Body {
-    /// Streamed from the user container; the connection it came on, if it
-    /// may be reused, is handed back once the body has been read to its
-    /// end (closed if the body is dropped before).
+    /// Streamed from the user container by hyper's HTTP/1.1 client; the
+    /// connection it came on, if it may be reused, is handed back once the
+    /// body has been read to its end (closed if the body is dropped
+    /// before).
     Upstream(Incoming, Option<Checkin>),
     /// Streamed from the user container over a connection qproxy speaks
     /// HTTP/1.1 on itself, which the body hands back at its end.
     App(AppBody),
+    /// Streamed from the user container over h2c, by qproxy's own client.
+    H2(AppStream),
     /// A complete body qproxy produced (error texts, probe answers).
     Full(Option<Bytes>),
 }
@@ -60,6 +64,9 @@ pub(crate) enum BodyError {
     /// Read by qproxy's own HTTP/1.1 client.
     #[error(transparent)]
     App(#[from] h1::BodyError),
+    /// Read from an h2c stream of qproxy's own client.
+    #[error("error reading a body from connection")]
+    H2(#[from] h2::Error),
 }
 
 impl http_body::Body for Body {
@@ -82,6 +89,7 @@ impl http_body::Body for Body {
                 polled.map_err(BodyError::from)
             }
             Body::App(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::from),
+            Body::H2(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::from),
             Body::Full(data) => return Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         };
         if let Poll::Ready(Some(Err(e))) = &polled {
@@ -94,6 +102,7 @@ impl http_body::Body for Body {
         match self {
             Body::Upstream(b, _) => b.is_end_stream(),
             Body::App(b) => b.is_end_stream(),
+            Body::H2(b) => b.is_end_stream(),
             Body::Full(data) => data.is_none(),
         }
     }
@@ -102,6 +111,7 @@ impl http_body::Body for Body {
         match self {
             Body::Upstream(b, _) => b.size_hint(),
             Body::App(b) => b.size_hint(),
+            Body::H2(b) => b.size_hint(),
             Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }

@@ -53,6 +53,10 @@ pub(crate) enum UpstreamError {
         /// What the app switched to.
         offered: Vec<u8>,
     },
+    /// The h2c connection or stream failed (hyper's client said
+    /// `http2 error` for every such failure).
+    #[error("http2 error")]
+    Http2(#[source] h2::Error),
     /// Anything else.
     #[error("{0}")]
     Other(String),

@@ -139,10 +139,7 @@ impl Proxy {
 
         let mut res = if h2 {
             let req = self.h2_request(req)?;
-            self.upstream
-                .send_h2c(req)
-                .await?
-                .map(|body| Body::Upstream(body, None))
+            self.upstream.send_h2c(req).await?
         } else {
             let req = self.http1_request(req)?;
             let (res, checkin) = self.upstream.send_http1(req).await?;

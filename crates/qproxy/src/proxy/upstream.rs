@@ -17,23 +17,27 @@
 //! connection dialled for it is not (the app has seen it on a connection
 //! that was fresh, and Go does not retry then either). HTTP/2 requests go
 //! out as h2c (prior knowledge) over one shared, multiplexed connection,
-//! made on first use and remade when it closes.
+//! made on first use and remade when it closes, spoken by qproxy's own
+//! client ([`crate::common::h2`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::uri::Authority;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
 use crate::common::body::{Body, RequestBody};
 use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
+use crate::common::h2;
 use crate::common::keep_alive::{Checkin, Conn, Idle};
 use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
@@ -241,7 +245,7 @@ impl Upstream {
     pub(crate) async fn send_h2c(
         &self,
         req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<Body>, UpstreamError> {
         self.h2c.send(req).await
     }
 }
@@ -332,26 +336,25 @@ struct H2c {
 
 #[derive(Debug, Clone)]
 struct Live {
-    sender: http2::SendRequest<RequestBody>,
-    local: SocketAddr,
+    sender: ::h2::client::SendRequest<Bytes>,
+    /// Set when the connection's task ends.
+    closed: Arc<AtomicBool>,
 }
 
 impl H2c {
-    async fn send(&self, req: Request<RequestBody>) -> Result<Response<Incoming>, UpstreamError> {
-        let mut live = self.live().await?;
-        live.sender
-            .ready()
+    async fn send(&self, req: Request<RequestBody>) -> Result<Response<Body>, UpstreamError> {
+        let live = self.live().await?;
+        let res = h2::send(live.sender, req)
             .await
-            .map_err(|e| UpstreamError::from_hyper(&e, Some(live.local), self.addr))?;
-        live.sender
-            .send_request(req)
-            .await
-            .map_err(|e| UpstreamError::from_hyper(&e, Some(live.local), self.addr))
+            .map_err(UpstreamError::Http2)?;
+        Ok(res.map(Body::H2))
     }
 
     fn current(&self) -> Option<Live> {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        conn.as_ref().filter(|c| !c.sender.is_closed()).cloned()
+        conn.as_ref()
+            .filter(|c| !c.closed.load(Ordering::Acquire))
+            .cloned()
     }
 
     async fn live(&self) -> Result<Live, UpstreamError> {
@@ -368,18 +371,20 @@ impl H2c {
     }
 
     async fn connect(&self) -> Result<Live, UpstreamError> {
-        let (tcp, local) = dial(self.addr).await?;
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .handshake(TokioIo::new(tcp))
+        let (tcp, _local) = dial(self.addr).await?;
+        let (sender, conn) = h2::builder()
+            .handshake(tcp)
             .await
-            .map_err(|e| UpstreamError::from_hyper(&e, Some(local), self.addr))?;
+            .map_err(UpstreamError::Http2)?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended = closed.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "h2c connection to the user container ended");
             }
+            ended.store(true, Ordering::Release);
         });
-        Ok(Live { sender, local })
+        Ok(Live { sender, closed })
     }
 }
 

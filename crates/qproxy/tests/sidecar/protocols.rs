@@ -430,24 +430,27 @@ fn tokio_stream_of(
 }
 
 const GIB: u64 = 1 << 30;
-const CHUNK: usize = 256 * 1024;
+/// Bytes per frame of a [`Pattern`] body: a multiple of 251, about 256 KiB.
+const CHUNK: usize = 251 * 1044;
 
-/// A body of `len` zero bytes made on the fly.
-struct Zeros {
+/// A body of `len` bytes made on the fly, byte `i` being `i % 251` (so
+/// that a byte out of place shows), in frames of [`CHUNK`].
+struct Pattern {
     left: u64,
     chunk: Bytes,
 }
 
-impl Zeros {
+impl Pattern {
     fn new(len: u64) -> Self {
+        let chunk: Vec<u8> = (0..CHUNK).map(|i| (i % 251) as u8).collect();
         Self {
             left: len,
-            chunk: Bytes::from(vec![0u8; CHUNK]),
+            chunk: Bytes::from(chunk),
         }
     }
 }
 
-impl http_body::Body for Zeros {
+impl http_body::Body for Pattern {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -483,7 +486,7 @@ async fn one_gibibyte_each_way_with_flat_memory() {
         let counter = counter.clone();
         async move {
             if req.uri().path() == "/download" {
-                Response::new(Zeros::new(GIB).boxed())
+                Response::new(Pattern::new(GIB).boxed())
             } else {
                 let n = count_bytes(req.into_body()).await;
                 counter.store(n, Ordering::SeqCst);
@@ -498,7 +501,7 @@ async fn one_gibibyte_each_way_with_flat_memory() {
     let slow = DEADLINE * 6;
     let upload = Request::post("/upload")
         .header("host", "hello.example.com")
-        .body(Zeros::new(GIB).boxed())
+        .body(Pattern::new(GIB).boxed())
         .unwrap();
     let stream = TcpStream::connect(qp.main).await.unwrap();
     let (mut sender, conn) =
@@ -558,7 +561,7 @@ async fn the_app_connection_is_reused_after_every_kind_of_answer() {
                 *res.status_mut() = StatusCode::NO_CONTENT;
                 res
             }
-            "/chunks" => Response::new(Zeros::new(3 * CHUNK as u64).boxed()),
+            "/chunks" => Response::new(Pattern::new(3 * CHUNK as u64).boxed()),
             _ => Response::new(full("Hello World!\n")),
         }
     })
@@ -750,4 +753,75 @@ async fn every_framing_of_an_app_answer_reaches_the_client_whole() {
         .position(|w| w == b"\r\n\r\n")
         .map_or(0, |end| got.len() - end - 4);
     assert!(body < 10, "{:?}", String::from_utf8_lossy(&got));
+}
+
+/// Reads `body` to its end, checking it is [`Pattern`]'s bytes; its length.
+async fn read_pattern(body: hyper::body::Incoming) -> u64 {
+    let mut body = body;
+    let mut at = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            for (k, b) in data.iter().enumerate() {
+                let i = at + k as u64;
+                assert_eq!(u64::from(*b), i % 251, "byte {i}");
+            }
+            at += data.len() as u64;
+        }
+    }
+    at
+}
+
+/// Over h2c the app answers before the request's body has ended, and
+/// echoes it: the body goes on to the app after the answer came, and
+/// both ways pass far more than HTTP/2's flow-control windows let through
+/// at once, byte for byte.
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_bodies_stream_both_ways_past_the_windows() {
+    let app = App::start(|req: Request<hyper::body::Incoming>| async move {
+        Response::new(req.into_body().map_err(Into::into).boxed())
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+    const LEN: u64 = 48 << 20;
+    let req = Request::post("http://hello.example.com/echo")
+        .body(Pattern::new(LEN).boxed())
+        .unwrap();
+    let res = h2(qp.main, req).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(within("the echo", read_pattern(res.into_body())).await, LEN);
+}
+
+/// An h2c request whose body is still coming when the revision timeout
+/// answers it: the app's stream is reset (as Go's transport cancels it),
+/// not left open waiting for the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_h2c_request_the_timeout_answers_is_reset_at_the_app() {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let app = App::start(move |req: Request<hyper::body::Incoming>| {
+        let tx = tx.clone();
+        async move {
+            let mut body = req.into_body();
+            let outcome = loop {
+                match body.frame().await {
+                    Some(Ok(_)) => continue,
+                    Some(Err(_)) => break "reset",
+                    None => break "ended",
+                }
+            };
+            let _ = tx.send(outcome);
+            Response::new(full("late"))
+        }
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[("REVISION_TIMEOUT_SECONDS", "1")]);
+    // One frame, and then nothing more for as long as the test runs.
+    let (more, chunks) = mpsc::channel(1);
+    more.send(Bytes::from_static(b"first")).await.unwrap();
+    let req = Request::post("http://hello.example.com/upload")
+        .body(Chunks(chunks).boxed())
+        .unwrap();
+    let res = h2(qp.main, req).await;
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(within("the app's stream", rx.recv()).await, Some("reset"));
+    drop(more);
 }

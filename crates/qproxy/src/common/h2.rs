@@ -1,0 +1,418 @@
+//! qproxy's own h2c client to the user container, on the `h2` crate.
+//!
+//! hyper's HTTP/2 client runs a dispatch task per connection that takes
+//! each request through a channel, and spawns a task per request to wait
+//! for the response and another to send the request's body. Here the
+//! request's own task opens the stream on the shared connection
+//! ([`send`]), sends a body that is already whole (a unary gRPC call's)
+//! before it waits, and awaits the response itself; only a body still
+//! streaming gets a task of its own ([`Pipe`]), which resets the stream if
+//! the request is dropped before its answer. The response body
+//! ([`AppStream`]) reads h2's stream and gives its flow-control capacity
+//! back as it goes. The rules are hyper's, so the app sees what it saw
+//! before: hyper's connection settings, connection-specific headers
+//! removed, `Content-Length` set from a body of known size, a stream reset
+//! with `NO_ERROR` ending the body early rather than failing it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker, ready};
+
+use bytes::Bytes;
+use h2::client::{Builder, SendRequest};
+use h2::{Reason, RecvStream, SendStream};
+use http::header::{CONNECTION, CONTENT_LENGTH, HeaderValue, TE, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, Method, Request, Response};
+use http_body::{Body as _, Frame, SizeHint};
+use tokio::sync::oneshot;
+
+use super::body::RequestBody;
+use super::headers::{KEEP_ALIVE, PROXY_CONNECTION};
+
+/// The connection settings of hyper's HTTP/2 client, which the app saw
+/// before: 2 MiB stream and 5 MiB connection windows, 16 KiB frames and
+/// header lists, at most 1 MiB buffered to send per stream, no push.
+pub(crate) fn builder() -> Builder {
+    let mut builder = Builder::new();
+    builder
+        .initial_max_send_streams(100)
+        .initial_window_size(2 << 20)
+        .initial_connection_window_size(5 << 20)
+        .max_frame_size(16 << 10)
+        .max_header_list_size(16 << 10)
+        .max_send_buffer_size(1 << 20)
+        .max_local_error_reset_streams(Some(1024))
+        .enable_push(false);
+    builder
+}
+
+/// Sends `req` (its URI absolute) on the connection `sender` belongs to
+/// and waits for the response head.
+pub(crate) async fn send(
+    sender: SendRequest<Bytes>,
+    req: Request<RequestBody>,
+) -> Result<Response<AppStream>, h2::Error> {
+    let (mut parts, body) = req.into_parts();
+    strip_connection_headers(&mut parts.headers);
+    if let Some(len) = body.size_hint().exact()
+        && (len != 0 || has_payload_semantics(&parts.method))
+        && !parts.headers.contains_key(CONTENT_LENGTH)
+    {
+        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    let connect = parts.method == Method::CONNECT;
+    let end = !connect && body.is_end_stream();
+
+    let mut sender = sender.ready().await?;
+    let (response, stream) = sender.send_request(Request::from_parts(parts, ()), end)?;
+    let mut cancel = if end {
+        None
+    } else {
+        Pipe::new(body, stream).start()
+    };
+    let res = response.await?;
+    if let Some(cancel) = &mut cancel {
+        cancel.answered();
+    }
+    let remaining = content_length(res.headers());
+    Ok(res.map(|recv| AppStream {
+        recv,
+        remaining,
+        data_done: false,
+    }))
+}
+
+/// Removes what HTTP/2 forbids in a request (RFC 9113 §8.2.2), as hyper's
+/// client does: the connection-specific headers, and `TE` unless it says
+/// `trailers`. What Go's reverse proxy puts back for an upgrade goes too.
+fn strip_connection_headers(headers: &mut HeaderMap) {
+    if !headers.keys().any(|n| {
+        n == CONNECTION
+            || n == UPGRADE
+            || n == TE
+            || n == TRANSFER_ENCODING
+            || n == KEEP_ALIVE
+            || n == PROXY_CONNECTION
+    }) {
+        return;
+    }
+    if let Some(value) = headers.remove(CONNECTION)
+        && let Ok(value) = value.to_str()
+    {
+        for name in value.split(',') {
+            headers.remove(name.trim());
+        }
+    }
+    for name in [UPGRADE, TRANSFER_ENCODING, KEEP_ALIVE, PROXY_CONNECTION] {
+        headers.remove(name);
+    }
+    if headers.get(TE).is_some_and(|te| te != "trailers") {
+        headers.remove(TE);
+    }
+}
+
+/// Whether a method gives a request body a meaning, so that an empty one
+/// is announced with `Content-Length: 0` (hyper's rule).
+fn has_payload_semantics(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::CONNECT
+    )
+}
+
+/// The length `Content-Length` declares: one value, or several that agree.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    let mut len = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        let n = std::str::from_utf8(value.as_bytes())
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        if len.is_some_and(|l| l != n) {
+            return None;
+        }
+        len = Some(n);
+    }
+    len
+}
+
+/// A response body from the app, read from its HTTP/2 stream.
+#[derive(Debug)]
+pub(crate) struct AppStream {
+    recv: RecvStream,
+    /// What `Content-Length` said is left, when it said.
+    remaining: Option<u64>,
+    /// The data has ended; trailers may follow.
+    data_done: bool,
+}
+
+impl http_body::Body for AppStream {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = &mut *self;
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // The stream and the connection may take this much more.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = &mut this.remaining {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                // A reset with `NO_ERROR` is an early end (RFC 9113 §8.1).
+                Some(Err(e)) if e.reason() == Some(Reason::NO_ERROR) => return Poll::Ready(None),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => this.data_done = true,
+            }
+        }
+        match ready!(this.recv.poll_trailers(cx)) {
+            Ok(trailers) => Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t)))),
+            Err(e) if e.reason() == Some(Reason::NO_ERROR) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.remaining
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+/// Sends a request's body on its stream, minding the app's flow control.
+struct Pipe {
+    body: RequestBody,
+    tx: SendStream<Bytes>,
+    /// A data frame read from the body that waits for send capacity, and
+    /// whether it is the last.
+    waiting: Option<(Bytes, bool)>,
+}
+
+impl Pipe {
+    fn new(body: RequestBody, tx: SendStream<Bytes>) -> Self {
+        Self {
+            body,
+            tx,
+            waiting: None,
+        }
+    }
+
+    /// Sends what the body already has; if it is not all there, the rest
+    /// goes from a task of its own, which resets the stream when the
+    /// returned sender is dropped before the response came.
+    fn start(mut self) -> Option<Cancel> {
+        let mut cx = Context::from_waker(Waker::noop());
+        if Pin::new(&mut self).poll(&mut cx).is_ready() {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(Piping {
+            pipe: self,
+            cancel: Some(rx),
+        });
+        Some(Cancel(Some(tx)))
+    }
+
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+        loop {
+            // A reset from the app ends the body.
+            if let Poll::Ready(reason) = self.tx.poll_reset(cx)? {
+                return Poll::Ready(Err(reason.into()));
+            }
+            if let Some((data, last)) = self.waiting.take() {
+                if self.tx.capacity() == 0 {
+                    match self.tx.poll_capacity(cx) {
+                        Poll::Ready(Some(Ok(n))) if n > 0 => {}
+                        Poll::Ready(Some(Ok(_))) => {
+                            self.waiting = Some((data, last));
+                            continue;
+                        }
+                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                        Poll::Ready(None) => return Poll::Ready(Err(Reason::STREAM_CLOSED.into())),
+                        Poll::Pending => {
+                            self.waiting = Some((data, last));
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                // h2 sends past the capacity it granted as the window opens.
+                self.tx.send_data(data, last)?;
+                if last {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let last = self.body.is_end_stream();
+                        if data.is_empty() || last {
+                            // Nothing is read after the last frame, so it
+                            // needs no capacity first: h2 holds it until the
+                            // app's window lets it go. A new stream has none
+                            // until its head is written, so a body already
+                            // whole (a unary call's) goes at once.
+                            self.tx.send_data(data, last)?;
+                            if last {
+                                return Poll::Ready(Ok(()));
+                            }
+                        } else {
+                            // One byte claimed, not the whole frame: a claim
+                            // pins connection window others may need.
+                            self.tx.reserve_capacity(1);
+                            self.waiting = Some((data, last));
+                        }
+                    }
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            self.tx.reserve_capacity(0);
+                            self.tx.send_trailers(trailers)?;
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
+                },
+                Some(Err(e)) => {
+                    // The client's body failed: the app is told why.
+                    self.tx.send_reset(client_reason(&e));
+                    return Poll::Ready(Ok(()));
+                }
+                None => {
+                    self.tx.send_data(Bytes::new(), true)?;
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
+    }
+}
+
+impl Future for Pipe {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        ready!(self.poll_send(cx)).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "request body to the user container failed");
+        });
+        Poll::Ready(())
+    }
+}
+
+/// The reason a client's body failure is passed on with: the client's own
+/// stream error's, or `INTERNAL_ERROR`.
+fn client_reason(err: &hyper::Error) -> Reason {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(reason) = e.downcast_ref::<h2::Error>().and_then(h2::Error::reason) {
+            return reason;
+        }
+        source = e.source();
+    }
+    Reason::INTERNAL_ERROR
+}
+
+/// A [`Pipe`] in a task of its own, told to reset its stream if the
+/// request is dropped before its response.
+struct Piping {
+    pipe: Pipe,
+    cancel: Option<oneshot::Receiver<()>>,
+}
+
+impl Future for Piping {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(cancel) = &mut self.cancel {
+            match Pin::new(cancel).poll(cx) {
+                Poll::Ready(Ok(())) => {
+                    self.pipe.tx.send_reset(Reason::CANCEL);
+                    return Poll::Ready(());
+                }
+                // The response came: the body goes on to its end.
+                Poll::Ready(Err(_)) => self.cancel = None,
+                Poll::Pending => {}
+            }
+        }
+        Pin::new(&mut self.pipe).poll(cx)
+    }
+}
+
+/// Resets a piped stream when dropped, unless [`Cancel::answered`].
+struct Cancel(Option<oneshot::Sender<()>>);
+
+impl Cancel {
+    /// The response came: the body goes on to its end.
+    fn answered(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::headers::header_map;
+
+    #[test]
+    fn connection_specific_headers_go_and_te_trailers_stays() {
+        let mut h = header_map(&[
+            ("connection", "Upgrade, x-private"),
+            ("upgrade", "websocket"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("x-kept", "2"),
+        ]);
+        strip_connection_headers(&mut h);
+        let mut names: Vec<_> = h.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["te", "x-kept"]);
+
+        let mut h = header_map(&[("te", "gzip")]);
+        strip_connection_headers(&mut h);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn content_length_is_one_value_or_several_that_agree() {
+        assert_eq!(content_length(&header_map(&[])), None);
+        assert_eq!(
+            content_length(&header_map(&[("content-length", "42")])),
+            Some(42)
+        );
+        let agree = header_map(&[("content-length", "7"), ("content-length", "7")]);
+        assert_eq!(content_length(&agree), Some(7));
+        let differ = header_map(&[("content-length", "7"), ("content-length", "8")]);
+        assert_eq!(content_length(&differ), None);
+        assert_eq!(
+            content_length(&header_map(&[("content-length", "x")])),
+            None
+        );
+    }
+
+    #[test]
+    fn an_empty_body_is_announced_where_the_method_gives_it_meaning() {
+        assert!(has_payload_semantics(&Method::POST));
+        assert!(has_payload_semantics(&Method::PUT));
+        assert!(!has_payload_semantics(&Method::GET));
+        assert!(!has_payload_semantics(&Method::HEAD));
+        assert!(!has_payload_semantics(&Method::DELETE));
+    }
+}
