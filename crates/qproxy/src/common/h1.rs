@@ -397,22 +397,34 @@ fn framing(
             Framing::Eof
         });
     }
-    if !headers.contains_key(CONTENT_LENGTH) {
-        return Ok(Framing::Eof);
+    match content_length(headers) {
+        Ok(Some(n)) => Ok(Framing::Length(n)),
+        Ok(None) => Ok(Framing::Eof),
+        Err(InvalidLength) => Err(ExchangeError::Malformed("invalid content-length parsed")),
     }
+}
+
+/// A `Content-Length` that is not one length: a value that is not ASCII
+/// digits, or values that disagree.
+#[derive(Debug)]
+pub(crate) struct InvalidLength;
+
+/// The length a message's `Content-Length` declares, read as hyper reads
+/// it: every value (each a comma-separated list) ASCII digits, and all the
+/// same. `None` when there is no `Content-Length`.
+pub(crate) fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InvalidLength> {
     let mut length = None;
     for value in headers.get_all(CONTENT_LENGTH) {
-        let invalid = || ExchangeError::Malformed("invalid content-length parsed");
-        let text = value.to_str().map_err(|_| invalid())?;
+        let text = value.to_str().map_err(|_| InvalidLength)?;
         for part in text.split(',') {
-            let n = digits(part.trim()).ok_or_else(invalid)?;
+            let n = digits(part.trim()).ok_or(InvalidLength)?;
             if length.is_some_and(|l| l != n) {
-                return Err(invalid());
+                return Err(InvalidLength);
             }
             length = Some(n);
         }
     }
-    Ok(Framing::Length(length.unwrap_or(0)))
+    Ok(length)
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.

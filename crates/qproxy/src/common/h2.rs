@@ -10,9 +10,11 @@
 //! the request is dropped before its answer. The response body
 //! ([`AppStream`]) reads h2's stream and gives its flow-control capacity
 //! back as it goes. The rules are hyper's, so the app sees what it saw
-//! before: hyper's connection settings, connection-specific headers
-//! removed, `Content-Length` set from a body of known size, a stream reset
-//! with `NO_ERROR` ending the body early rather than failing it.
+//! before: hyper's connection settings, `Content-Length` set from a body of
+//! known size, a stream reset with `NO_ERROR` ending the body early rather
+//! than failing it. Connection-specific headers need no removing here: an
+//! HTTP/2 client cannot send them (`h2`'s server refuses such a request),
+//! and the proxy's hop-by-hop rules have removed the rest.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,13 +23,13 @@ use std::task::{Context, Poll, Waker, ready};
 use bytes::Bytes;
 use h2::client::{Builder, SendRequest};
 use h2::{Reason, RecvStream, SendStream};
-use http::header::{CONNECTION, CONTENT_LENGTH, HeaderValue, TE, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, Method, Request, Response};
+use http::header::{CONTENT_LENGTH, HeaderValue};
+use http::{Method, Request, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::sync::oneshot;
 
 use super::body::RequestBody;
-use super::headers::{KEEP_ALIVE, PROXY_CONNECTION};
+use super::h1::content_length;
 
 /// The connection settings of hyper's HTTP/2 client, which the app saw
 /// before: 2 MiB stream and 5 MiB connection windows, 16 KiB frames and
@@ -53,7 +55,6 @@ pub(crate) async fn send(
     req: Request<RequestBody>,
 ) -> Result<Response<AppStream>, h2::Error> {
     let (mut parts, body) = req.into_parts();
-    strip_connection_headers(&mut parts.headers);
     if let Some(len) = body.size_hint().exact()
         && (len != 0 || has_payload_semantics(&parts.method))
         && !parts.headers.contains_key(CONTENT_LENGTH)
@@ -74,41 +75,13 @@ pub(crate) async fn send(
     if let Some(cancel) = &mut cancel {
         cancel.answered();
     }
-    let remaining = content_length(res.headers());
+    // h2 has refused a response whose `Content-Length` is not one length.
+    let remaining = content_length(res.headers()).ok().flatten();
     Ok(res.map(|recv| AppStream {
         recv,
         remaining,
         data_done: false,
     }))
-}
-
-/// Removes what HTTP/2 forbids in a request (RFC 9113 §8.2.2), as hyper's
-/// client does: the connection-specific headers, and `TE` unless it says
-/// `trailers`. What Go's reverse proxy puts back for an upgrade goes too.
-fn strip_connection_headers(headers: &mut HeaderMap) {
-    if !headers.keys().any(|n| {
-        n == CONNECTION
-            || n == UPGRADE
-            || n == TE
-            || n == TRANSFER_ENCODING
-            || n == KEEP_ALIVE
-            || n == PROXY_CONNECTION
-    }) {
-        return;
-    }
-    if let Some(value) = headers.remove(CONNECTION)
-        && let Ok(value) = value.to_str()
-    {
-        for name in value.split(',') {
-            headers.remove(name.trim());
-        }
-    }
-    for name in [UPGRADE, TRANSFER_ENCODING, KEEP_ALIVE, PROXY_CONNECTION] {
-        headers.remove(name);
-    }
-    if headers.get(TE).is_some_and(|te| te != "trailers") {
-        headers.remove(TE);
-    }
 }
 
 /// Whether a method gives a request body a meaning, so that an empty one
@@ -118,23 +91,6 @@ fn has_payload_semantics(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::DELETE | Method::CONNECT
     )
-}
-
-/// The length `Content-Length` declares: one value, or several that agree.
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    let mut len = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        let n = std::str::from_utf8(value.as_bytes())
-            .ok()?
-            .trim()
-            .parse::<u64>()
-            .ok()?;
-        if len.is_some_and(|l| l != n) {
-            return None;
-        }
-        len = Some(n);
-    }
-    len
 }
 
 /// A response body from the app, read from its HTTP/2 stream.
@@ -366,46 +322,6 @@ impl Drop for Cancel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::headers::header_map;
-
-    #[test]
-    fn connection_specific_headers_go_and_te_trailers_stays() {
-        let mut h = header_map(&[
-            ("connection", "Upgrade, x-private"),
-            ("upgrade", "websocket"),
-            ("x-private", "1"),
-            ("keep-alive", "timeout=5"),
-            ("proxy-connection", "keep-alive"),
-            ("transfer-encoding", "chunked"),
-            ("te", "trailers"),
-            ("x-kept", "2"),
-        ]);
-        strip_connection_headers(&mut h);
-        let mut names: Vec<_> = h.keys().map(|n| n.as_str()).collect();
-        names.sort_unstable();
-        assert_eq!(names, ["te", "x-kept"]);
-
-        let mut h = header_map(&[("te", "gzip")]);
-        strip_connection_headers(&mut h);
-        assert!(h.is_empty());
-    }
-
-    #[test]
-    fn content_length_is_one_value_or_several_that_agree() {
-        assert_eq!(content_length(&header_map(&[])), None);
-        assert_eq!(
-            content_length(&header_map(&[("content-length", "42")])),
-            Some(42)
-        );
-        let agree = header_map(&[("content-length", "7"), ("content-length", "7")]);
-        assert_eq!(content_length(&agree), Some(7));
-        let differ = header_map(&[("content-length", "7"), ("content-length", "8")]);
-        assert_eq!(content_length(&differ), None);
-        assert_eq!(
-            content_length(&header_map(&[("content-length", "x")])),
-            None
-        );
-    }
 
     #[test]
     fn an_empty_body_is_announced_where_the_method_gives_it_meaning() {
