@@ -495,17 +495,36 @@ func decodeStat(b []byte) map[string]string {
 	return out
 }
 
-// metricsFields reads :9091/metrics: every sample but latency buckets and
-// sums (which depend on timing), with its value.
-func metricsFields() exchange {
+// requestCounters are the samples, per generation, that count every
+// request answered: Knative records them once the answer is out, classic
+// through OpenCensus's worker, so a scrape right after may miss the last.
+var requestCounters = map[string][]string{
+	"classic": {"revision_request_count", "revision_app_request_count"},
+	"current": {"http_server_request_duration_seconds_count", "kn_serving_invocation_duration_seconds_count"},
+}
+
+// metricsFields reads :9091/metrics once every request counter of gen has
+// counted the answered requests (or 3 s have passed): every sample but
+// latency buckets and sums (which depend on timing), with its value.
+func metricsFields(gen string, answered int) exchange {
 	e := exchange{}
-	res, err := http.Get("http://127.0.0.1:9091/metrics")
-	if err != nil {
-		e["error"] = errClass(err)
-		return e
+	deadline := time.Now().Add(3 * time.Second)
+	var data []byte
+	var res *http.Response
+	for {
+		var err error
+		res, err = http.Get("http://127.0.0.1:9091/metrics")
+		if err != nil {
+			e["error"] = errClass(err)
+			return e
+		}
+		data, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+		if countedAll(string(data), requestCounters[gen], answered) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	data, _ := io.ReadAll(res.Body)
-	res.Body.Close()
 	e["status"] = strconv.Itoa(res.StatusCode)
 	for _, line := range strings.Split(string(data), "\n") {
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -527,4 +546,28 @@ func metricsFields() exchange {
 		e["sample."+name] = value
 	}
 	return e
+}
+
+// countedAll says whether each of counters sums to n over its samples in a
+// Prometheus text exposition.
+func countedAll(text string, counters []string, n int) bool {
+	sums := map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, _ := strings.Cut(line, " ")
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+		}
+		if v, err := strconv.ParseFloat(value, 64); err == nil {
+			sums[name] += v
+		}
+	}
+	for _, c := range counters {
+		if sums[c] != float64(n) {
+			return false
+		}
+	}
+	return true
 }

@@ -165,6 +165,8 @@ func main() {
 	// What each scenario showed in each generation, for the summary.
 	summary := map[string]map[string]string{}
 	var details strings.Builder
+	// The unexplained and stale rows again, printed last when the run fails.
+	var failures strings.Builder
 	totals := map[string]map[string]int{}
 	ran := map[string]int{}
 	skipped := map[string]bool{}
@@ -265,7 +267,11 @@ func main() {
 					expectedDiffs++
 				}
 				if r.verdict != "same" {
-					fmt.Fprintf(&details, "| %s | %s | `%s` | %s | %s | %s |\n", sc.Name, g.Name, r.field, cell(r.a), cell(r.b), r.verdict)
+					line := fmt.Sprintf("| %s | %s | `%s` | %s | %s | %s |\n", sc.Name, g.Name, r.field, cell(r.a), cell(r.b), r.verdict)
+					details.WriteString(line)
+					if r.verdict == "DIFFERS" {
+						failures.WriteString(line)
+					}
 				}
 				totals[g.Name][strings.SplitN(r.verdict, " ", 2)[0]]++
 			}
@@ -292,7 +298,9 @@ func main() {
 					continue
 				}
 				stale++
-				fmt.Fprintf(&details, "| %s | %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, g.Name, e.Field, e.Why.ID)
+				line := fmt.Sprintf("| %s | %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, g.Name, e.Field, e.Why.ID)
+				details.WriteString(line)
+				failures.WriteString(line)
 			}
 		}
 	}
@@ -330,6 +338,8 @@ func main() {
 	os.WriteFile(*report, []byte(out.String()), 0o644)
 	fmt.Print(out.String())
 	if unexplained > 0 || stale > 0 {
+		// Repeated last, where a log cut to its tail still shows them.
+		fmt.Printf("\n## What fails the run\n\n| scenario | generation | field | go | qproxy | verdict |\n|---|---|---|---|---|---|\n%s", failures.String())
 		os.Exit(1)
 	}
 }
@@ -460,6 +470,9 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 	app.Begin()
 
 	started := map[string]chan exchange{}
+	// Requests answered on the main port so far, which the request
+	// metrics must count before a metrics step reads them.
+	answered := 0
 	var lastSignal time.Time
 	var mu sync.Mutex
 	for i, step := range sc.Steps {
@@ -470,7 +483,11 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 		prefix := name + "."
 		switch {
 		case step.Request != nil:
-			do(step.Request).into(prefix, obs)
+			e := do(step.Request)
+			e.into(prefix, obs)
+			if (step.Request.Port == "" || step.Request.Port == "main") && e["status"] != "" {
+				answered++
+			}
 			describeSeen(prefix, app.Take(), obs)
 		case step.Parallel != nil:
 			results := make([]string, len(step.Parallel))
@@ -524,7 +541,7 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 		case step.Stats:
 			statFields().into(prefix, obs)
 		case step.Metrics:
-			metricsFields().into(prefix, obs)
+			metricsFields(gen, answered).into(prefix, obs)
 		case step.WebSocket != "":
 			doWebSocket(step.WebSocket).into(prefix, obs)
 			describeSeen(prefix, app.Take(), obs)

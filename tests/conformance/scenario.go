@@ -49,7 +49,8 @@ type Step struct {
 	// Stats reads the autoscaler's Stat from :9090 once a report with a
 	// request in it is out (or 3 s have passed).
 	Stats bool `yaml:"stats"`
-	// Metrics reads :9091/metrics.
+	// Metrics reads :9091/metrics once the request counters have counted
+	// every request answered on the main port so far (or 3 s have passed).
 	Metrics bool `yaml:"metrics"`
 	// WebSocket opens a WebSocket to path, echoes a message and closes.
 	WebSocket string `yaml:"websocket"`
