@@ -195,6 +195,23 @@ pub(crate) trait Settle {
     }
 }
 
+/// A guard kept on the heap: for a layer whose guard is large and often
+/// absent (traces, request logs are off by default), so that the bodies
+/// and futures every request moves through the stack stay small.
+impl<G: Settle + ?Sized> Settle for Box<G> {
+    fn answered(&mut self, status: http::StatusCode) {
+        (**self).answered(status);
+    }
+
+    fn data(&mut self, len: usize) {
+        (**self).data(len);
+    }
+
+    fn settle(&mut self, complete: bool) {
+        (**self).settle(complete);
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A response body that keeps a guard until the body ends (or fails),
     /// or is dropped, whichever comes first: what a layer holds for the

@@ -62,7 +62,7 @@ where
 {
     type Response = Response<LoggedBody<ResBody>>;
     type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Observed<Entry>>;
+    type Future = GuardedFuture<S::Future, Box<Observed<Entry>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -79,7 +79,7 @@ where
             )),
             _ => None,
         };
-        GuardedFuture::new(self.inner.call(req), entry)
+        GuardedFuture::new(self.inner.call(req), entry.map(Box::new))
     }
 }
 
@@ -102,4 +102,4 @@ impl Record for Entry {
 }
 
 /// The response body of [`RequestLogging`].
-pub(crate) type LoggedBody<B> = Guarded<B, Observed<Entry>>;
+pub(crate) type LoggedBody<B> = Guarded<B, Box<Observed<Entry>>>;

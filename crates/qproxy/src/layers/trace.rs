@@ -102,7 +102,7 @@ where
 {
     type Response = Response<TracedBody<ResBody>>;
     type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Spanned>;
+    type Future = GuardedFuture<S::Future, Box<Spanned>>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -113,7 +113,7 @@ where
             Some(traces) => start(traces, self.layer.position, &mut req),
             None => None,
         };
-        GuardedFuture::new(self.inner.call(req), spanned)
+        GuardedFuture::new(self.inner.call(req), spanned.map(Box::new))
     }
 }
 
@@ -236,4 +236,4 @@ impl Drop for Spanned {
 }
 
 /// The response body of [`Trace`].
-pub(crate) type TracedBody<B> = Guarded<B, Spanned>;
+pub(crate) type TracedBody<B> = Guarded<B, Box<Spanned>>;
