@@ -115,6 +115,10 @@ func (a *App) Take() []Seen {
 var upgrader = websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
 
 func (a *App) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect && r.ProtoMajor == 2 {
+		a.tunnel(w, r)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	if r.URL.Path != "/__ping" {
 		a.mu.Lock()
@@ -241,6 +245,37 @@ func (a *App) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // Describe turns what the app saw into observation fields.
+// tunnel answers an HTTP/2 CONNECT as a tunnel's far end does: 200 at
+// once, then an echo of what the client sends, to its end.
+func (a *App) tunnel(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	if flusher != nil {
+		flusher.Flush()
+	}
+	n := 0
+	buf := make([]byte, 16<<10)
+	for {
+		got, err := r.Body.Read(buf)
+		n += got
+		if got > 0 {
+			w.Write(buf[:got])
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	a.mu.Lock()
+	a.seen = append(a.seen, Seen{
+		Method: r.Method, Target: r.RequestURI, Proto: r.Proto, Host: r.Host,
+		Headers: r.Header.Clone(), Body: n,
+	})
+	a.mu.Unlock()
+}
+
 func describeSeen(prefix string, seen []Seen, obs *Observation) {
 	sort.SliceStable(seen, func(i, j int) bool { return seen[i].Target < seen[j].Target })
 	obs.Set(prefix+"app.requests", strconv.Itoa(len(seen)))

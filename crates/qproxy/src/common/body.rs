@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::sync::mpsc;
 
 use super::h1::{self, AppBody};
 use super::h2::AppStream;
@@ -131,6 +132,9 @@ pub(crate) enum RequestBody {
     Client(Incoming),
     /// No body. A request without one can be sent again.
     Empty,
+    /// What the client sends into the tunnel of an HTTP/2 `CONNECT`, to
+    /// its end (the tunnel's task feeds it).
+    Tunnel(mpsc::Receiver<Bytes>),
 }
 
 impl RequestBody {
@@ -156,6 +160,9 @@ impl http_body::Body for RequestBody {
         match self.get_mut() {
             RequestBody::Client(b) => Pin::new(b).poll_frame(cx),
             RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Tunnel(rx) => rx
+                .poll_recv(cx)
+                .map(|data| data.map(|d| Ok(Frame::data(d)))),
         }
     }
 
@@ -163,6 +170,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.is_end_stream(),
             RequestBody::Empty => true,
+            RequestBody::Tunnel(_) => false,
         }
     }
 
@@ -170,6 +178,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.size_hint(),
             RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Tunnel(_) => SizeHint::default(),
         }
     }
 }

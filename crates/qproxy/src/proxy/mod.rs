@@ -6,7 +6,8 @@
 //! `Knative-Serving-Revision` and `Knative-Serving-Namespace`, keeps the
 //! host, appends the client's address to `X-Forwarded-For`, drops hop-by-hop
 //! headers ([`hop`]), and sends HTTP/1 as HTTP/1.1 and HTTP/2 as h2c
-//! ([`upstream`]). An upgrade the app accepts with `101` becomes a two-way
+//! ([`upstream`]). An upgrade the app accepts with `101`, and a `CONNECT`
+//! it accepts with a `2xx` (over HTTP/1.1 or HTTP/2), becomes a two-way
 //! byte tunnel ([`tunnel`]). A failure to reach the app is `502` with Go's
 //! error text as the body, logged once.
 
@@ -26,6 +27,7 @@ use bytes::{BufMut, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
+use tokio::sync::mpsc;
 use tower::Service;
 
 use crate::common::body::{Body, RequestBody};
@@ -70,9 +72,15 @@ impl Service<Request<RequestBody>> for Proxy {
     fn call(&mut self, mut req: Request<RequestBody>) -> Self::Future {
         let hop = self.prepare(&mut req);
         let h2 = req.version() == Version::HTTP_2;
-        if req.method() == Method::CONNECT && !h2 {
+        if req.method() == Method::CONNECT {
             let this = self.clone();
-            return Box::pin(async move { Ok(answer(this.connect(req).await)) });
+            return Box::pin(async move {
+                Ok(answer(if h2 {
+                    this.connect_h2(req).await
+                } else {
+                    this.connect(req).await
+                }))
+            });
         }
         if h2 || hop.upgrade.is_some() || !http_body::Body::is_end_stream(req.body()) {
             let this = self.clone();
@@ -195,6 +203,36 @@ impl Proxy {
             return Ok(res.map(|_| Body::empty()));
         }
         Ok(res.map(|body| Body::Upstream(body, None)))
+    }
+
+    /// A `CONNECT` over HTTP/2, as Go's reverse proxy passes it: to the app
+    /// over h2c, the client's stream and the app's answer streamed both
+    /// ways. hyper's server hands the client's stream over once a `2xx`
+    /// head is sent, so a `2xx` answer becomes a tunnel between the two
+    /// streams (the app's body included, without its `Content-Length`,
+    /// which a `2xx` to `CONNECT` may not carry); anything else is an
+    /// ordinary response.
+    async fn connect_h2(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<Body>, UpstreamError> {
+        let client = hyper::upgrade::on(&mut req);
+        let deadline = req.extensions().get::<TunnelDeadline>().copied();
+        // One message in flight: the client is read as fast as the app's
+        // stream takes it.
+        let (to_app, from_client) = mpsc::channel(1);
+        let req = self.h2_request(req.map(|_| RequestBody::Tunnel(from_client)))?;
+        let mut res = self.upstream.send_h2c(req).await?;
+        pass_on(&mut res);
+        if res.status().is_success() {
+            res.headers_mut().remove(CONTENT_LENGTH);
+            let (parts, from_app) = res.into_parts();
+            let tunnel = tunnel::spawn_stream(client, from_app, to_app, deadline);
+            let mut res = Response::from_parts(parts, Body::empty());
+            res.extensions_mut().insert(tunnel);
+            return Ok(res);
+        }
+        Ok(res.map(Body::released_if_ended))
     }
 
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin

@@ -10,32 +10,121 @@
 //! response carries a [`Tunnel`] that keeps whatever the layers hold for
 //! the request (its breaker slot, for one) until the tunnel closes, and the
 //! tunnel is closed at the request's [`TunnelDeadline`], if it has one.
+//!
+//! A `CONNECT` over HTTP/2 is a tunnel too ([`spawn_stream`]), with a
+//! stream instead of a connection on each side: the client's, upgraded by
+//! hyper's server once the `2xx` is sent, and the app's, whose answer body
+//! is read and whose request body is fed, as Go's reverse proxy streams
+//! both.
 
+use std::future::Future;
+use std::pin::pin;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
 
+use crate::common::body::Body;
 use crate::common::tunnel::{Tunnel, TunnelDeadline};
+
+/// Most bytes one read from the client puts in the app's stream.
+const READ: usize = 16 * 1024;
 
 /// Runs the tunnel between the client and the app in its own task, and
 /// returns the handle the response carries.
 pub(super) fn spawn(client: OnUpgrade, app: OnUpgrade, deadline: Option<TunnelDeadline>) -> Tunnel {
+    run(deadline, async move {
+        let (client, app) = match tokio::try_join!(client, app) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
+                return;
+            }
+        };
+        let (mut client, mut app) = (TokioIo::new(client), TokioIo::new(app));
+        match tokio::io::copy_bidirectional(&mut client, &mut app).await {
+            Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
+            Err(e) => tracing::debug!(error = %e, "upgraded connection failed"),
+        }
+    })
+}
+
+/// Runs the tunnel of an HTTP/2 `CONNECT` in its own task: what the
+/// client sends goes to `to_app` (the app's request body), the app's answer
+/// body `from_app` goes to the client. A side that ends half-closes the
+/// other, whose copy goes on; a side that fails ends both.
+pub(super) fn spawn_stream(
+    client: OnUpgrade,
+    from_app: Body,
+    to_app: mpsc::Sender<Bytes>,
+    deadline: Option<TunnelDeadline>,
+) -> Tunnel {
+    run(deadline, async move {
+        let client = match client.await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
+                return;
+            }
+        };
+        let (mut read, mut write) = tokio::io::split(TokioIo::new(client));
+        let mut up = pin!(async move {
+            let mut buf = BytesMut::new();
+            loop {
+                buf.reserve(READ);
+                match read.read_buf(&mut buf).await {
+                    // Dropping `to_app` ends the app's request stream.
+                    Ok(0) => return true,
+                    Ok(_) => {
+                        if to_app.send(buf.split().freeze()).await.is_err() {
+                            return false;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "tunnel: reading the client failed");
+                        return false;
+                    }
+                }
+            }
+        });
+        let mut down = pin!(async move {
+            let mut from_app = pin!(from_app);
+            while let Some(frame) = from_app.frame().await {
+                let data = match frame.map(http_body::Frame::into_data) {
+                    Ok(Ok(data)) => data,
+                    Ok(Err(_)) => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "tunnel: the app's stream failed");
+                        return false;
+                    }
+                };
+                if let Err(e) = write.write_all(&data).await {
+                    tracing::debug!(error = %e, "tunnel: writing to the client failed");
+                    return false;
+                }
+            }
+            write.shutdown().await.is_ok()
+        });
+        let clean = tokio::select! {
+            ended = &mut up => ended && down.await,
+            ended = &mut down => ended && up.await,
+        };
+        tracing::debug!(clean, "HTTP/2 CONNECT tunnel ended");
+    })
+}
+
+/// Runs `copy` in a task of its own, at most until `deadline`, and returns
+/// the handle of the tunnel it is.
+fn run(
+    deadline: Option<TunnelDeadline>,
+    copy: impl Future<Output = ()> + Send + 'static,
+) -> Tunnel {
     let tunnel = Tunnel::open();
     let handle = tunnel.clone();
     tokio::spawn(async move {
-        let copy = async {
-            let (client, app) = match tokio::try_join!(client, app) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
-                    return;
-                }
-            };
-            let (mut client, mut app) = (TokioIo::new(client), TokioIo::new(app));
-            match tokio::io::copy_bidirectional(&mut client, &mut app).await {
-                Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
-                Err(e) => tracing::debug!(error = %e, "upgraded connection failed"),
-            }
-        };
         match deadline {
             Some(TunnelDeadline(at)) => {
                 if tokio::time::timeout_at(at, copy).await.is_err() {

@@ -825,3 +825,62 @@ async fn an_h2c_request_the_timeout_answers_is_reset_at_the_app() {
     assert_eq!(within("the app's stream", rx.recv()).await, Some("reset"));
     drop(more);
 }
+
+/// A `CONNECT` over HTTP/2 that the app accepts with a `2xx` is a tunnel
+/// between the client's stream and the app's, as Go's proxy streams both:
+/// bytes go both ways while it is open, and each side's end of stream
+/// reaches the other, the rest of the app's answer still coming after the
+/// client has ended its side.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_h2c_connect_the_app_accepts_is_a_tunnel() {
+    let app = App::start(|mut req: Request<hyper::body::Incoming>| async move {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(tunnel) = upgrade.await else {
+                return;
+            };
+            // An echo in capitals, to the client's end.
+            let mut io = hyper_util::rt::TokioIo::new(tunnel);
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = io.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buf[..n].make_ascii_uppercase();
+                if io.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            let _ = io.shutdown().await;
+        });
+        Response::new(empty())
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+
+    let req = Request::connect("example.com:443").body(empty()).unwrap();
+    let mut res = h2(qp.main, req).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let tunnel = within("the client's tunnel", hyper::upgrade::on(&mut res))
+        .await
+        .unwrap();
+    let mut io = hyper_util::rt::TokioIo::new(tunnel);
+    io.write_all(b"hello").await.unwrap();
+    let mut echoed = [0u8; 5];
+    within("the echo", io.read_exact(&mut echoed))
+        .await
+        .unwrap();
+    assert_eq!(&echoed, b"HELLO");
+    io.write_all(b" again").await.unwrap();
+    io.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    within("the app's end", io.read_to_end(&mut rest))
+        .await
+        .unwrap();
+    assert_eq!(rest, b" AGAIN");
+    let seen = app.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, http::Method::CONNECT);
+    assert_eq!(seen[0].version, Version::HTTP_2);
+}
