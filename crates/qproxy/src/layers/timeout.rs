@@ -27,7 +27,8 @@
 //! An upgraded connection (WebSocket) is not a response that writes: as in
 //! Knative, it is closed when the earliest of the three timeouts, counted
 //! from the request, expires. The layer tells the proxy when through the
-//! [`TunnelDeadline`] extension of each request that asks to upgrade.
+//! [`TunnelDeadline`] extension of each request that asks to upgrade. A
+//! `CONNECT`'s tunnel (HTTP/1.1 or HTTP/2) is bounded the same way.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,7 +37,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::UPGRADE;
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
@@ -105,9 +106,9 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let clock = Clock::start(self.timeouts, self.generation);
         let (deadline, _) = clock.before_start();
-        // Only a request asking to upgrade can open a tunnel; the others
-        // are spared the allocation of an extensions map.
-        if req.headers().contains_key(UPGRADE) {
+        // Only a request asking to upgrade, or a `CONNECT`, can open a
+        // tunnel; the others are spared the allocation of an extensions map.
+        if req.method() == Method::CONNECT || req.headers().contains_key(UPGRADE) {
             req.extensions_mut().insert(TunnelDeadline(deadline));
         }
         TimeoutFuture {

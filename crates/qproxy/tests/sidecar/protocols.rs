@@ -884,3 +884,46 @@ async fn an_h2c_connect_the_app_accepts_is_a_tunnel() {
     assert_eq!(seen[0].method, http::Method::CONNECT);
     assert_eq!(seen[0].version, Version::HTTP_2);
 }
+
+/// An HTTP/2 `CONNECT` tunnel in which nothing moves is closed at the
+/// request's timeout, as an upgraded connection is, and gives back what
+/// it held: with `containerConcurrency` 1, the next request is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quiet_h2c_connect_tunnel_ends_at_the_timeout() {
+    let app = App::start(|mut req: Request<hyper::body::Incoming>| async move {
+        if req.method() == http::Method::CONNECT {
+            let upgrade = hyper::upgrade::on(&mut req);
+            // The far end holds its side open and says nothing.
+            tokio::spawn(async move {
+                if let Ok(tunnel) = upgrade.await {
+                    let mut io = hyper_util::rt::TokioIo::new(tunnel);
+                    let mut sink = Vec::new();
+                    let _ = io.read_to_end(&mut sink).await;
+                }
+            });
+        }
+        Response::new(empty())
+    })
+    .await;
+    let qp = QProxy::start(
+        app.port(),
+        &[
+            ("REVISION_TIMEOUT_SECONDS", "1"),
+            ("CONTAINER_CONCURRENCY", "1"),
+        ],
+    );
+
+    let req = Request::connect("example.com:443").body(empty()).unwrap();
+    let mut res = h2(qp.main, req).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let tunnel = within("the client's tunnel", hyper::upgrade::on(&mut res))
+        .await
+        .unwrap();
+    let mut io = hyper_util::rt::TokioIo::new(tunnel);
+    let mut rest = Vec::new();
+    // Ended by qproxy: a clean end or a reset, either way no more bytes.
+    let _ = within("the tunnel's end", io.read_to_end(&mut rest)).await;
+    assert!(rest.is_empty());
+    let res = h1(qp.main, get("/", &[])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
