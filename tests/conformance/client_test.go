@@ -16,6 +16,9 @@ revision_app_request_count{response_code="200"} 1
 	if !countedAll(text+`revision_app_request_count{response_code="503"} 1`+"\n", counters, 2) {
 		t.Error("both counters sum to 2, yet countedAll says not")
 	}
+	if !countedAll(text+`revision_app_request_count{response_code="503"} 2`+"\n", counters, 2) {
+		t.Error("a count past the requests answered (a request the runner did not count) is still all of them")
+	}
 	if countedAll("", counters, 1) {
 		t.Error("an empty exposition counts nothing")
 	}
