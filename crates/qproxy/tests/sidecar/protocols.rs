@@ -859,13 +859,7 @@ async fn an_h2c_connect_the_app_accepts_is_a_tunnel() {
     .await;
     let qp = QProxy::start(app.port(), &[]);
 
-    let req = Request::connect("example.com:443").body(empty()).unwrap();
-    let mut res = h2(qp.main, req).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let tunnel = within("the client's tunnel", hyper::upgrade::on(&mut res))
-        .await
-        .unwrap();
-    let mut io = hyper_util::rt::TokioIo::new(tunnel);
+    let mut io = h2_connect(qp.main).await;
     io.write_all(b"hello").await.unwrap();
     let mut echoed = [0u8; 5];
     within("the echo", io.read_exact(&mut echoed))
@@ -913,17 +907,25 @@ async fn a_quiet_h2c_connect_tunnel_ends_at_the_timeout() {
         ],
     );
 
-    let req = Request::connect("example.com:443").body(empty()).unwrap();
-    let mut res = h2(qp.main, req).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let tunnel = within("the client's tunnel", hyper::upgrade::on(&mut res))
-        .await
-        .unwrap();
-    let mut io = hyper_util::rt::TokioIo::new(tunnel);
+    let mut io = h2_connect(qp.main).await;
     let mut rest = Vec::new();
     // Ended by qproxy: a clean end or a reset, either way no more bytes.
     let _ = within("the tunnel's end", io.read_to_end(&mut rest)).await;
     assert!(rest.is_empty());
     let res = h1(qp.main, get("/", &[])).await;
     assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// Opens an HTTP/2 `CONNECT` tunnel through qproxy at `main`, which must
+/// answer `200`.
+async fn h2_connect(
+    main: std::net::SocketAddr,
+) -> hyper_util::rt::TokioIo<hyper::upgrade::Upgraded> {
+    let req = Request::connect("example.com:443").body(empty()).unwrap();
+    let mut res = h2(main, req).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let tunnel = within("the client's tunnel", hyper::upgrade::on(&mut res))
+        .await
+        .unwrap();
+    hyper_util::rt::TokioIo::new(tunnel)
 }
