@@ -528,15 +528,8 @@ func metricsFields(gen string, answered int) exchange {
 		time.Sleep(50 * time.Millisecond)
 	}
 	e["status"] = strconv.Itoa(res.StatusCode)
-	for _, line := range strings.Split(string(data), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, value, _ := strings.Cut(line, " ")
-		metric := name
-		if i := strings.IndexByte(name, '{'); i >= 0 {
-			metric = name[:i]
-		}
+	for _, sm := range samples(string(data)) {
+		metric, name, value := sm.metric, sm.name, sm.value
 		if strings.HasSuffix(metric, "_bucket") || strings.HasSuffix(metric, "_sum") {
 			continue
 		}
@@ -554,16 +547,9 @@ func metricsFields(gen string, answered int) exchange {
 // samples in a Prometheus text exposition.
 func countedAll(text string, counters []string, n int) bool {
 	sums := map[string]float64{}
-	for _, line := range strings.Split(text, "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, value, _ := strings.Cut(line, " ")
-		if i := strings.IndexByte(name, '{'); i >= 0 {
-			name = name[:i]
-		}
-		if v, err := strconv.ParseFloat(value, 64); err == nil {
-			sums[name] += v
+	for _, sm := range samples(text) {
+		if v, err := strconv.ParseFloat(sm.value, 64); err == nil {
+			sums[sm.metric] += v
 		}
 	}
 	for _, c := range counters {
@@ -572,4 +558,25 @@ func countedAll(text string, counters []string, n int) bool {
 		}
 	}
 	return true
+}
+
+// sample is one line of a Prometheus text exposition: the metric's name,
+// the sample's name with its labels, and its value.
+type sample struct{ metric, name, value string }
+
+// samples reads the sample lines of a Prometheus text exposition.
+func samples(text string) []sample {
+	var out []sample
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, _ := strings.Cut(line, " ")
+		metric := name
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			metric = name[:i]
+		}
+		out = append(out, sample{metric, name, value})
+	}
+	return out
 }
