@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -56,6 +58,38 @@ func TestFieldPatterns(t *testing.T) {
 		e := &Expected{Field: c.pattern}
 		if got := e.Matches(c.name); got != c.want {
 			t.Errorf("%q on %q: %v, want %v", c.pattern, c.name, got, c.want)
+		}
+	}
+}
+
+// The project's pages count the scenarios there are, and those over TLS.
+func TestPagesCountTheScenarios(t *testing.T) {
+	scenarios, err := LoadScenarios("scenarios")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tls := 0
+	for _, s := range scenarios {
+		if s.TLS {
+			tls++
+		}
+	}
+	counts := map[string][]string{
+		"../../README.md": {
+			fmt.Sprintf("%d scenarios (%d over TLS)", len(scenarios), tls),
+			fmt.Sprintf("the differential suite: %d scenarios", len(scenarios)),
+		},
+		"../../CONTRIBUTING.md": {fmt.Sprintf("plays %d scenarios", len(scenarios))},
+	}
+	for page, wants := range counts {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range wants {
+			if !strings.Contains(string(text), want) {
+				t.Errorf("%s does not say %q", page, want)
+			}
 		}
 	}
 }
