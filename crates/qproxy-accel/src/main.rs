@@ -59,7 +59,7 @@ enum Command {
     Detach,
 }
 
-fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+fn parse(argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
         command: Command::Run,
         cgroup: None,
@@ -71,12 +71,20 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         allow_failed: BTreeSet::new(),
         max_sockets: accel::DEFAULT_MAX_SOCKETS,
     };
-    let mut first = true;
+    let mut argv = argv.peekable();
+    // A command, if any, comes first.
+    let command = match argv.peek().map(String::as_str) {
+        Some("self-test") => Some(Command::SelfTest),
+        Some("detach") => Some(Command::Detach),
+        _ => None,
+    };
+    if let Some(command) = command {
+        args.command = command;
+        argv.next();
+    }
     while let Some(arg) = argv.next() {
         let mut value = |name: &str| argv.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
-            "self-test" if first => args.command = Command::SelfTest,
-            "detach" if first => args.command = Command::Detach,
             "--cgroup" => args.cgroup = Some(PathBuf::from(value("--cgroup")?)),
             "--metrics-addr" => {
                 let v = value("--metrics-addr")?;
@@ -115,7 +123,6 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
-        first = false;
     }
     if matches!(args.command, Command::Run) {
         if args.cgroup.is_none() {
@@ -308,18 +315,19 @@ async fn run(args: Args) -> Result<(), String> {
     let mut known: BTreeMap<u64, Allowed> = BTreeMap::new();
     // Processes already warned about, so that each is said once.
     let mut unreadable: BTreeSet<u32> = BTreeSet::new();
+    // The first scan also forgets the pods gone while no agent ran.
+    scan(&args, &cgroup, &mut accel, &mut known, &mut unreadable);
+    forget_gone(&mut accel, &known);
+    export(&mut accel);
     let mut tick = tokio::time::interval(args.scan_interval);
-    let mut first = true;
+    // An interval's first tick is at once: that scan is done.
+    tick.tick().await;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = tick.tick() => {
                 scan(&args, &cgroup, &mut accel, &mut known, &mut unreadable);
-                if first {
-                    forget_gone(&mut accel, &known);
-                    first = false;
-                }
                 export(&mut accel);
             }
         }
