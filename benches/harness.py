@@ -605,7 +605,10 @@ def run_throughput(args, bins):
             for load_name, make in throughput_loads(args).items():
                 tls = load_name in (TLS_KEEP_ALIVE, TLS_HANDSHAKES)
                 for rnd in range(args.rounds):
-                    for name in args.contenders:
+                    # Each round starts one contender later, so that none
+                    # is always measured first (or right after another).
+                    turn = rnd % len(args.contenders)
+                    for name in args.contenders[turn:] + args.contenders[:turn]:
                         if tls and name == "direct":
                             continue  # the app speaks no TLS
                         if tls and name == "go-qp" and os.geteuid() != 0:
@@ -862,7 +865,7 @@ def main():
         cpu = m.group(1) if m else platform.processor()
     header = (f"{datetime.date.today()}, {os.cpu_count()} vCPU {cpu}, Linux {platform.release()}. Command:\n\n"
               f"    {command.strip()}\n\n"
-              f"{args.rounds} rounds alternating contenders, {args.seconds} s per load, medians; pinned: proxy on "
+              f"{args.rounds} rounds alternating contenders (each round starting one later), {args.seconds} s per load, medians; pinned: proxy on "
               f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker, HAProxy one thread); unpinned: "
               f"no affinity. `qproxy` runs with Knative's default request metrics (Prometheus) on, "
               f"`qproxy-nometrics` with them off. Pictures, one per load, every contender: "
