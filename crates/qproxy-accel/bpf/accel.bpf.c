@@ -51,7 +51,8 @@ enum verdict {
 	VERDICT_TCP = 2,
 };
 
-// Indices of qpa_counters (src/maps.rs: Counter).
+// Indices of qpa_counters, in the order src/maps.rs reads them
+// (Counters::from_slots; a test there checks that the two agree).
 enum counter {
 	COUNTER_REDIRECTED_MESSAGES = 0,
 	COUNTER_REDIRECTED_BYTES = 1,

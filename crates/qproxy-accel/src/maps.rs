@@ -72,7 +72,8 @@ pub struct Counters {
     pub peer_gone: u64,
 }
 
-/// Indices into the counters array, in the C enum's order.
+/// The length of the counters array (`COUNTER_LEN` in the C enum, whose
+/// order [`Counters::from_slots`] follows; a test checks both).
 pub(crate) const COUNTER_LEN: u32 = 6;
 
 impl Counters {
@@ -136,5 +137,38 @@ mod tests {
             "[::ffff:127.0.0.2]:8080".parse().unwrap(),
         );
         assert_eq!(key, v6, "a dual-stack socket's key is its IPv4 peer's");
+    }
+
+    /// The index `enum counter` in the programs' source gives `name`.
+    fn c_index(name: &str) -> u64 {
+        let source = include_str!("../bpf/accel.bpf.c");
+        let prefix = format!("COUNTER_{name} = ");
+        let line = source
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in bpf/accel.bpf.c"));
+        line[prefix.len()..]
+            .trim_end_matches(',')
+            .parse()
+            .unwrap_or_else(|_| panic!("{line:?} gives no index"))
+    }
+
+    #[test]
+    fn counters_are_read_where_the_programs_count_them() {
+        assert_eq!(c_index("LEN"), u64::from(COUNTER_LEN));
+        // Each slot holds its own index: each field must hold the index
+        // the C enum gives its name.
+        let read = Counters::from_slots(std::array::from_fn(|i| i as u64));
+        for (field, name) in [
+            (read.redirected_messages, "REDIRECTED_MESSAGES"),
+            (read.redirected_bytes, "REDIRECTED_BYTES"),
+            (read.fallbacks, "FALLBACKS"),
+            (read.insert_failures, "INSERT_FAILURES"),
+            (read.inserted, "INSERTED"),
+            (read.peer_gone, "PEER_GONE"),
+        ] {
+            assert_eq!(field, c_index(name), "COUNTER_{name}");
+        }
     }
 }
