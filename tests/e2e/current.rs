@@ -77,17 +77,20 @@ fn measured(text: &str) -> f64 {
         .sum()
 }
 
-/// Scrapes `metrics` until the seven requests of the mix are measured.
-async fn scrape_mix(metrics: SocketAddr) -> String {
+/// The requests of the metrics mix.
+const MIX: usize = 7;
+
+/// Scrapes `metrics` until `requests` requests are measured.
+async fn scrape_measured(metrics: SocketAddr, requests: usize) -> String {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let text = scrape(metrics).await;
-        if measured(&text) >= 7.0 {
+        if measured(&text) >= requests as f64 {
             return text;
         }
         assert!(
             Instant::now() < deadline,
-            "the mix was not measured: {text}"
+            "{requests} requests were not measured: {text}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -109,7 +112,7 @@ async fn the_exposition_matches_the_go_queue_proxy() {
     let go = GoQueueProxy::start(&env).await;
     play_metrics_mix(go.main).await;
     let want = main_port(
-        &scrape_mix(SocketAddr::from(([127, 0, 0, 1], 9091))).await,
+        &scrape_measured(SocketAddr::from(([127, 0, 0, 1], 9091)), MIX).await,
         go.main.port(),
     );
     drop(go);
@@ -117,8 +120,50 @@ async fn the_exposition_matches_the_go_queue_proxy() {
     let qp = QProxy::start_env(&env);
     play_metrics_mix(qp.main).await;
     let got = main_port(
-        &scrape_mix(qp.metrics.expect("the metrics port")).await,
+        &scrape_measured(qp.metrics.expect("the metrics port"), MIX).await,
         qp.main.port(),
+    );
+    let (got, want) = (stable_lines(&got), stable_lines(&want));
+    assert!(got == want, "{}", diff(&got, &want));
+}
+
+/// Requests with this many hosts: more than the 2,000 attribute sets Go's
+/// OpenTelemetry SDK keeps for an instrument.
+const HOSTS: usize = 2050;
+
+/// One request to `main` for each of [`HOSTS`] hosts.
+async fn play_hosts(main: SocketAddr) {
+    for i in 0..HOSTS {
+        let host = format!("h{i}.example.com");
+        let res = h1(main, get("/ok", &[("Host", host.as_str())])).await;
+        assert_eq!(res.status(), 200, "{host}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
+async fn hosts_past_go_s_cardinality_limit_share_its_overflow_series() {
+    let app = App::varied().await;
+    let env = env(&app, json!({"requestMetrics": {"protocol": "prometheus"}}));
+    let go = GoQueueProxy::start(&env).await;
+    play_hosts(go.main).await;
+    let want = scrape_measured(SocketAddr::from(([127, 0, 0, 1], 9091)), HOSTS).await;
+    let want = main_port(&want, go.main.port());
+    drop(go);
+
+    let qp = QProxy::start_env(&env);
+    play_hosts(qp.main).await;
+    let got = scrape_measured(qp.metrics.expect("the metrics port"), HOSTS).await;
+    let got = main_port(&got, qp.main.port());
+    let overflow = format!(
+        "http_server_request_duration_seconds_count{{otel_metric_overflow=\"true\",{}}} {}",
+        "otel_scope_name=\"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp\",\
+         otel_scope_schema_url=\"\",otel_scope_version=\"0.69.0\"",
+        HOSTS - 1999
+    );
+    assert!(
+        got.lines().any(|l| l == overflow),
+        "no {overflow} in qproxy's exposition"
     );
     let (got, want) = (stable_lines(&got), stable_lines(&want));
     assert!(got == want, "{}", diff(&got, &want));
@@ -228,9 +273,9 @@ fn metrics_resource(batches: &MetricBatches) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Waits until `collector` has an export in which the seven requests of
-/// the mix are measured.
-async fn exported_mix(collector: &OtlpCollector) {
+/// Waits until `collector` has an export in which `requests` requests
+/// are measured.
+async fn exported(collector: &OtlpCollector, requests: usize) {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let measured: u64 = {
@@ -248,10 +293,13 @@ async fn exported_mix(collector: &OtlpCollector) {
                 })
                 .sum()
         };
-        if measured >= 7 {
+        if measured >= requests as u64 {
             return;
         }
-        assert!(Instant::now() < deadline, "the mix was not exported");
+        assert!(
+            Instant::now() < deadline,
+            "{requests} requests were not exported"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -285,7 +333,7 @@ async fn otlp_metrics_match_the_go_queue_proxy() {
     let go_collector = otlp_grpc().await;
     let go = GoQueueProxy::start(&export(&go_collector)).await;
     play_metrics_mix(go.main).await;
-    exported_mix(&go_collector).await;
+    exported(&go_collector, MIX).await;
     let want = metric_shape(&go_collector.metrics, go.main.port());
     let want_resource = metrics_resource(&go_collector.metrics);
     drop(go);
@@ -293,7 +341,7 @@ async fn otlp_metrics_match_the_go_queue_proxy() {
     let qp_collector = otlp_grpc().await;
     let qp = QProxy::start_env(&export(&qp_collector));
     play_metrics_mix(qp.main).await;
-    exported_mix(&qp_collector).await;
+    exported(&qp_collector, MIX).await;
     let got = metric_shape(&qp_collector.metrics, qp.main.port());
     let got_resource = metrics_resource(&qp_collector.metrics);
 
@@ -313,6 +361,45 @@ async fn otlp_metrics_match_the_go_queue_proxy() {
         assert!(got_resource.contains_key(key), "{key}: {got_resource:#?}");
         assert!(want_resource.contains_key(key), "{key}: {want_resource:#?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
+async fn otlp_hosts_past_go_s_cardinality_limit_share_its_overflow_point() {
+    let app = App::varied().await;
+    let export = |collector: &OtlpCollector| {
+        env(
+            &app,
+            json!({"requestMetrics": {
+                "protocol": "grpc",
+                "endpoint": format!("http://{}", collector.addr),
+                "exportInterval": 200_000_000u64,
+            }}),
+        )
+    };
+    let go_collector = otlp_grpc().await;
+    let go = GoQueueProxy::start(&export(&go_collector)).await;
+    play_hosts(go.main).await;
+    exported(&go_collector, HOSTS).await;
+    let want = metric_shape(&go_collector.metrics, go.main.port());
+    drop(go);
+
+    let qp_collector = otlp_grpc().await;
+    let qp = QProxy::start_env(&export(&qp_collector));
+    play_hosts(qp.main).await;
+    exported(&qp_collector, HOSTS).await;
+    let got = metric_shape(&qp_collector.metrics, qp.main.port());
+
+    let lines = |m: &BTreeMap<String, String>| -> Vec<String> {
+        m.iter().map(|(k, v)| format!("{k} = {v}")).collect()
+    };
+    assert!(
+        lines(&got)
+            .iter()
+            .any(|l| l.contains("otel.metric.overflow")),
+        "no overflow point in qproxy's export"
+    );
+    assert!(got == want, "{}", diff(&lines(&got), &lines(&want)));
 }
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";

@@ -22,8 +22,16 @@
 //! and as it goes to the app; `kn_serving_invocation_duration_seconds`
 //! times the app's part, the queue depth is the breaker's requests as each
 //! request passes. Probes are not measured.
+//!
+//! As Go's OpenTelemetry SDK (`sdk/metric`) does by default, each
+//! instrument keeps at most 2,000 attribute sets, the overflow set among
+//! them: once 1,999 are kept, a measurement with a new set is counted in
+//! the set whose only attribute is `otel.metric.overflow=true`. The HTTP
+//! instruments' sets hold the request's host and route tag, so a client
+//! cannot grow the exposition (or qproxy's memory) without bound.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{Gauge, Key, KeyName, Label, Level, Metadata, Recorder};
@@ -33,13 +41,14 @@ use metrics_exporter_prometheus::{
 
 use opentelemetry::metrics::{Histogram, MeterProvider as _};
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
+use opentelemetry_sdk::metrics::{Instrument, SdkMeterProvider, Stream};
 use opentelemetry_sdk::runtime::Tokio;
 
 use crate::common::headers::is_probe;
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
 use crate::observe::otlp::{Target, Transport};
+use crate::observe::request_metrics::{read, write};
 use crate::observe::semconv::RouteTag;
 use crate::observe::traces::current_resource;
 use crate::observe::{ExportError, Signal, semconv};
@@ -152,6 +161,10 @@ enum Backend {
         /// never records the gauge, and its exposition has no such line.
         queue_depth: OnceLock<Gauge>,
         target_info: String,
+        /// The attribute sets of the server's instruments, which record
+        /// each request together, and of the client's.
+        server_sets: AttributeSets,
+        client_sets: AttributeSets,
     },
     /// Exported over OTLP.
     Otlp(Box<Otlp>),
@@ -206,6 +219,8 @@ impl CurrentMetrics {
                     recorder,
                     queue_depth: OnceLock::new(),
                     target_info: target_info(revision, otel),
+                    server_sets: AttributeSets::default(),
+                    client_sets: AttributeSets::default(),
                 },
             }),
         }
@@ -234,6 +249,14 @@ impl CurrentMetrics {
         let provider = SdkMeterProvider::builder()
             .with_reader(reader.build())
             .with_resource(current_resource(revision, otel))
+            // Go's SDK keeps 1,999 sets and the overflow's; this SDK keeps
+            // as many as its limit says, and the overflow's besides.
+            .with_view(|_: &Instrument| {
+                Stream::builder()
+                    .with_cardinality_limit(CARDINALITY_LIMIT - 1)
+                    .build()
+                    .ok()
+            })
             .build();
         let http = provider.meter_with_scope(
             InstrumentationScope::builder(HTTP_SCOPE[0].1)
@@ -310,8 +333,12 @@ impl CurrentMetrics {
         let port = attributes.port.as_deref();
         let attrs = http_attributes(attributes, status, &attributes.host, port);
         match &self.inner.backend {
-            Backend::Prometheus { recorder, .. } => {
-                let labels = prometheus_labels(&attrs);
+            Backend::Prometheus {
+                recorder,
+                server_sets,
+                ..
+            } => {
+                let labels = server_sets.admit(prometheus_labels(&attrs));
                 let histogram = |name: &'static str| {
                     recorder.register_histogram(&Key::from_parts(name, labels.clone()), &METADATA)
                 };
@@ -335,7 +362,11 @@ impl CurrentMetrics {
         let attrs = http_attributes(attributes, status, "127.0.0.1", Some(&port));
         let seconds = duration.as_secs_f64();
         match &self.inner.backend {
-            Backend::Prometheus { recorder, .. } => {
+            Backend::Prometheus {
+                recorder,
+                client_sets,
+                ..
+            } => {
                 if !attributes.probe {
                     let invocation = labels(
                         &QUEUE_SCOPE,
@@ -345,7 +376,7 @@ impl CurrentMetrics {
                         .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
                         .record(seconds);
                 }
-                let labels = prometheus_labels(&attrs);
+                let labels = client_sets.admit(prometheus_labels(&attrs));
                 recorder
                     .register_histogram(
                         &Key::from_parts(CLIENT_DURATION, labels.clone()),
@@ -416,6 +447,36 @@ impl CurrentMetrics {
             && let Err(e) = o.provider.shutdown()
         {
             tracing::debug!(error = %e, "metrics export did not shut down cleanly");
+        }
+    }
+}
+
+/// The attribute sets Go's SDK keeps for an instrument, the overflow set
+/// among them (`sdk/metric`'s default cardinality limit).
+const CARDINALITY_LIMIT: usize = 2000;
+
+/// The attribute sets (as labels) an HTTP instrument has recorded, capped
+/// as Go's SDK caps them.
+#[derive(Default)]
+struct AttributeSets {
+    kept: RwLock<HashSet<Vec<Label>>>,
+}
+
+impl AttributeSets {
+    /// The labels to record a measurement with: `labels` if their set is
+    /// kept or there is room for it, else the overflow set's. Looking up a
+    /// set in use takes a read lock and allocates nothing.
+    fn admit(&self, set: Vec<Label>) -> Vec<Label> {
+        if read(&self.kept).contains(&set) {
+            return set;
+        }
+        let mut kept = write(&self.kept);
+        // Room for this set and, later, the overflow's (Go's `limiter`).
+        if kept.contains(&set) || kept.len() + 1 < CARDINALITY_LIMIT {
+            kept.insert(set.clone());
+            set
+        } else {
+            labels(&HTTP_SCOPE, [("otel_metric_overflow", "true".to_owned())])
         }
     }
 }
@@ -523,4 +584,27 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(host: &str) -> Vec<Label> {
+        labels(&HTTP_SCOPE, [("server_address", host.to_owned())])
+    }
+
+    #[test]
+    fn sets_past_go_s_limit_are_counted_in_the_overflow_set() {
+        let sets = AttributeSets::default();
+        for i in 0..CARDINALITY_LIMIT - 1 {
+            let kept = set(&format!("h{i}"));
+            assert_eq!(sets.admit(kept.clone()), kept);
+        }
+        let overflow = labels(&HTTP_SCOPE, [("otel_metric_overflow", "true".to_owned())]);
+        assert_eq!(sets.admit(set("new")), overflow);
+        assert_eq!(sets.admit(set("another")), overflow);
+        assert_eq!(sets.admit(set("h7")), set("h7"), "a kept set stays");
+        assert_eq!(read(&sets.kept).len(), CARDINALITY_LIMIT - 1);
+    }
 }

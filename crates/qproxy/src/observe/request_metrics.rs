@@ -100,12 +100,21 @@ struct Inner {
     /// Series by status code.
     app: RwLock<HashMap<u16, Arc<Series>>>,
     queue_depth: OnceLock<Gauge>,
-    /// The series of requests whose route tag Knative cannot use as a label.
+    /// The series of requests whose route tag Knative cannot use as a
+    /// label, and of those past [`MAX_TAGGED_SERIES`].
     untagged: OnceLock<Arc<Series>>,
 }
 
 /// Series of one status code, by route tag.
 type ByTag = HashMap<Box<str>, Arc<Series>>;
+
+/// The most series of requests by response code and route tag kept. The
+/// route tag comes from a request header, so a client could otherwise
+/// grow the exposition (and qproxy's memory) without bound; past this, a
+/// request with a new code and tag is counted in the series with empty
+/// labels, as one with an unusable tag is. (Classic Knative's OpenCensus
+/// keeps every one; current Knative's SDK keeps 2,000 per instrument.)
+const MAX_TAGGED_SERIES: usize = 2000;
 
 /// One series pair: a count and a latency histogram.
 #[derive(Debug)]
@@ -177,17 +186,7 @@ impl RequestMetrics {
     pub(crate) fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
         let inner = &self.inner;
         match scope {
-            Scope::Revision if !is_label_value(route_tag) => inner
-                .untagged
-                .get_or_init(|| {
-                    let labels = inner.labels([
-                        ("response_code", String::new()),
-                        ("response_code_class", String::new()),
-                        ("route_tag", String::new()),
-                    ]);
-                    Arc::new(inner.series_of(REQUEST_COUNT, REQUEST_LATENCIES, labels))
-                })
-                .clone(),
+            Scope::Revision if !is_label_value(route_tag) => inner.untagged(),
             Scope::Revision => {
                 let found = read(&inner.requests)
                     .get(&status)
@@ -195,19 +194,19 @@ impl RequestMetrics {
                     .cloned();
                 found.unwrap_or_else(|| {
                     let mut all = write(&inner.requests);
+                    if let Some(series) = all.get(&status).and_then(|t| t.get(route_tag)) {
+                        return series.clone();
+                    }
+                    if all.values().map(HashMap::len).sum::<usize>() >= MAX_TAGGED_SERIES {
+                        return inner.untagged();
+                    }
+                    let series =
+                        inner.register(REQUEST_COUNT, REQUEST_LATENCIES, status, Some(route_tag));
+                    let series = Arc::new(series);
                     all.entry(status)
                         .or_default()
-                        .entry(route_tag.into())
-                        .or_insert_with(|| {
-                            let series = inner.register(
-                                REQUEST_COUNT,
-                                REQUEST_LATENCIES,
-                                status,
-                                Some(route_tag),
-                            );
-                            Arc::new(series)
-                        })
-                        .clone()
+                        .insert(route_tag.into(), series.clone());
+                    series
                 })
             }
             Scope::App => {
@@ -257,15 +256,30 @@ impl RequestMetrics {
     }
 }
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+pub(super) fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+pub(super) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Inner {
+    /// The series of requests counted without their response code and
+    /// route tag.
+    fn untagged(&self) -> Arc<Series> {
+        self.untagged
+            .get_or_init(|| {
+                let labels = self.labels([
+                    ("response_code", String::new()),
+                    ("response_code_class", String::new()),
+                    ("route_tag", String::new()),
+                ]);
+                Arc::new(self.series_of(REQUEST_COUNT, REQUEST_LATENCIES, labels))
+            })
+            .clone()
+    }
+
     fn register(
         &self,
         count: &'static str,
@@ -363,6 +377,23 @@ mod tests {
             ]),
             "UNDEFINED"
         );
+    }
+
+    #[test]
+    fn tags_past_the_limit_share_the_series_with_empty_labels() {
+        let m = RequestMetrics::new(&revision());
+        let kept: Vec<_> = (0..MAX_TAGGED_SERIES)
+            .map(|i| m.series(Scope::Revision, 200, &format!("t{i}")))
+            .collect();
+        let untagged = m.series(Scope::Revision, 200, &"x".repeat(256));
+        let past = m.series(Scope::Revision, 404, "new");
+        assert!(Arc::ptr_eq(&past, &untagged));
+        let again = m.series(Scope::Revision, 200, "t7");
+        assert!(Arc::ptr_eq(&again, &kept[7]), "a kept series stays");
+        past.record(Duration::ZERO);
+        let text = m.render();
+        assert!(text.contains("response_code=\"\",response_code_class=\"\",revision_name=\"hello-00001\",route_tag=\"\",service_name=\"unknown\"} 1\n"), "{text}");
+        assert!(!text.contains("route_tag=\"new\""), "{text}");
     }
 
     #[test]
