@@ -78,6 +78,14 @@ def cpu_ticks(pids):
     return total
 
 
+def machine_ticks():
+    """(steal, all) CPU ticks of the whole machine so far, from /proc/stat:
+    steal is the time the hypervisor ran something else on this VM's CPUs."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
 def rss_kib(pids, field="VmRSS:"):
     """Resident memory (or, with `VmHWM:`, its peak) of `pids`, in KiB."""
     total = 0
@@ -526,9 +534,12 @@ def measured(contender, bins, load, args, app_pid):
     pids = contender.pids()
     client_cpu = 1 if contender.variant == "pinned" else None
     before, app_before = cpu_ticks(pids), cpu_ticks([app_pid])
+    steal_before, all_before = machine_ticks()
     perf = Perf(pids) if not args.smoke else None
     result = load(client_cpu)
     counts = perf.stop() if perf else {}
+    steal_after, all_after = machine_ticks()
+    result["steal"] = (steal_after - steal_before) / max(all_after - all_before, 1)
     ticks = cpu_ticks(pids) - before
     app_ticks = cpu_ticks([app_pid]) - app_before
     n = max(result["requests"], 1)
@@ -630,7 +641,8 @@ def run_throughput(args, bins):
                         results.setdefault((variant, load_name, name), []).append(r)
                         print(f"  {variant:9} {load_name:18} {name:17} round {rnd + 1}: "
                               f"{r['rps']:10.0f} req/s  errors {r['errors']}"
-                              + (f"  {r['cpu_us']:.1f} µs CPU/req" if r.get("cpu_us") else ""), flush=True)
+                              + (f"  {r['cpu_us']:.1f} µs CPU/req" if r.get("cpu_us") else "")
+                              + f"  steal {r['steal'] * 100:.0f}%", flush=True)
         finally:
             stop(app)
     return results
@@ -749,6 +761,10 @@ def report(args, throughput, concurrency, footprint, allocations=None):
                     f"{sum(r['errors'] for r in rounds)} | {fmt(med(rounds, 'cpu_us'))} | "
                     f"{fmt(med(rounds, 'vs_app'), '×', 2)} | {fmt(med(rounds, 'syscalls'))} | "
                     f"{fmt(med(rounds, 'switches'), digits=2)} | {fmt(med(rounds, 'peak_rss'), ' MiB')} |")
+        steal = sorted(r["steal"] for (v, _, _), rounds in throughput.items() if v == variant for r in rounds)
+        if steal:
+            lines.append(f"\nSteal (the hypervisor's share of this VM's CPU time) while these loads ran: "
+                         f"median {steal[len(steal) // 2] * 100:.1f}%, at most {steal[-1] * 100:.1f}%.")
         lines.append("")
     if concurrency:
         lines.append("### containerConcurrency against a 10 ms app (2×CC connections)\n")
