@@ -338,7 +338,7 @@ impl CurrentMetrics {
                 server_sets,
                 ..
             } => {
-                let labels = server_sets.admit(prometheus_labels(&attrs));
+                let labels = server_sets.admit(&attrs);
                 let histogram = |name: &'static str| {
                     recorder.register_histogram(&Key::from_parts(name, labels.clone()), &METADATA)
                 };
@@ -347,7 +347,7 @@ impl CurrentMetrics {
                 histogram(SERVER_RESPONSE_SIZE).record(response_size as f64);
             }
             Backend::Otlp(o) => {
-                let kv = key_values(&attrs);
+                let kv = otlp_attributes(&attrs);
                 o.server_duration.record(duration.as_secs_f64(), &kv);
                 o.server_request_size.record(attributes.request_size, &kv);
                 o.server_response_size.record(response_size, &kv);
@@ -376,7 +376,7 @@ impl CurrentMetrics {
                         .register_histogram(&Key::from_parts(INVOCATION, invocation), &METADATA)
                         .record(seconds);
                 }
-                let labels = client_sets.admit(prometheus_labels(&attrs));
+                let labels = client_sets.admit(&attrs);
                 recorder
                     .register_histogram(
                         &Key::from_parts(CLIENT_DURATION, labels.clone()),
@@ -392,7 +392,7 @@ impl CurrentMetrics {
                     let status = KeyValue::new("http.response.status_code", i64::from(status));
                     o.invocation.record(seconds, &[status]);
                 }
-                let kv = key_values(&attrs);
+                let kv = otlp_attributes(&attrs);
                 o.client_duration.record(seconds, &kv);
                 o.client_request_size.record(attributes.request_size, &kv);
             }
@@ -463,10 +463,15 @@ struct AttributeSets {
 }
 
 impl AttributeSets {
-    /// The labels to record a measurement with: `labels` if their set is
-    /// kept or there is room for it, else the overflow set's. Looking up a
-    /// set in use takes a read lock and allocates nothing.
-    fn admit(&self, set: Vec<Label>) -> Vec<Label> {
+    /// The labels to record a measurement with `attrs` under: theirs if
+    /// their set is kept or there is room for it, else the overflow set's
+    /// (at once for a value over [`MAX_VALUE_LEN`]). Looking up a set in
+    /// use takes a read lock.
+    fn admit(&self, attrs: &[Attribute]) -> Vec<Label> {
+        if oversized(attrs) {
+            return overflow_labels();
+        }
+        let set = prometheus_labels(attrs);
         if read(&self.kept).contains(&set) {
             return set;
         }
@@ -476,9 +481,37 @@ impl AttributeSets {
             kept.insert(set.clone());
             set
         } else {
-            labels(&HTTP_SCOPE, [("otel_metric_overflow", "true".to_owned())])
+            overflow_labels()
         }
     }
+}
+
+/// The longest attribute value kept: a longer host or route tag (neither
+/// can be one, as DNS names and Kubernetes names go) is counted in the
+/// overflow set. Go's SDK keeps any length; here each kept set is held in
+/// several copies (the registry's keys, each histogram's label set), so
+/// without this a client could hold megabytes per request.
+const MAX_VALUE_LEN: usize = 255;
+
+/// Whether an attribute value of `attrs` is longer than [`MAX_VALUE_LEN`].
+fn oversized(attrs: &[Attribute]) -> bool {
+    attrs
+        .iter()
+        .any(|(_, v)| matches!(v, AttributeValue::Str(s) if s.len() > MAX_VALUE_LEN))
+}
+
+/// The overflow set's labels.
+fn overflow_labels() -> Vec<Label> {
+    labels(&HTTP_SCOPE, [("otel_metric_overflow", "true".to_owned())])
+}
+
+/// The OTLP attributes to record a measurement with: `attrs`, or the
+/// overflow set's when a value is longer than [`MAX_VALUE_LEN`].
+fn otlp_attributes(attrs: &[Attribute]) -> Vec<KeyValue> {
+    if oversized(attrs) {
+        return vec![KeyValue::new("otel.metric.overflow", true)];
+    }
+    key_values(attrs)
 }
 
 /// One HTTP attribute: its OpenTelemetry key and value.
@@ -590,8 +623,8 @@ fn escape(v: &str) -> String {
 mod tests {
     use super::*;
 
-    fn set(host: &str) -> Vec<Label> {
-        labels(&HTTP_SCOPE, [("server_address", host.to_owned())])
+    fn set(host: &str) -> Vec<Attribute> {
+        vec![("server.address", AttributeValue::Str(host.to_owned()))]
     }
 
     #[test]
@@ -599,12 +632,31 @@ mod tests {
         let sets = AttributeSets::default();
         for i in 0..CARDINALITY_LIMIT - 1 {
             let kept = set(&format!("h{i}"));
-            assert_eq!(sets.admit(kept.clone()), kept);
+            assert_eq!(sets.admit(&kept), prometheus_labels(&kept));
         }
         let overflow = labels(&HTTP_SCOPE, [("otel_metric_overflow", "true".to_owned())]);
-        assert_eq!(sets.admit(set("new")), overflow);
-        assert_eq!(sets.admit(set("another")), overflow);
-        assert_eq!(sets.admit(set("h7")), set("h7"), "a kept set stays");
+        assert_eq!(sets.admit(&set("new")), overflow);
+        assert_eq!(sets.admit(&set("another")), overflow);
+        assert_eq!(
+            sets.admit(&set("h7")),
+            prometheus_labels(&set("h7")),
+            "a kept set stays"
+        );
         assert_eq!(read(&sets.kept).len(), CARDINALITY_LIMIT - 1);
+    }
+
+    #[test]
+    fn an_overlong_value_is_counted_in_the_overflow_set_and_not_kept() {
+        let sets = AttributeSets::default();
+        let overflow = labels(&HTTP_SCOPE, [("otel_metric_overflow", "true".to_owned())]);
+        let long = set(&"h".repeat(MAX_VALUE_LEN + 1));
+        assert_eq!(sets.admit(&long), overflow);
+        assert!(read(&sets.kept).is_empty());
+        let longest = set(&"h".repeat(MAX_VALUE_LEN));
+        assert_eq!(sets.admit(&longest), prometheus_labels(&longest));
+        assert_eq!(
+            otlp_attributes(&long),
+            [KeyValue::new("otel.metric.overflow", true)]
+        );
     }
 }
