@@ -316,20 +316,24 @@ const RESOURCE_DIFFERENCES: [&str; 6] = [
     "service.instance.id",
 ];
 
+/// The revision of these tests, its request metrics exported over OTLP
+/// (gRPC) to `collector` every 200 ms.
+fn otlp_env(app: &App, collector: &OtlpCollector) -> Vec<(String, String)> {
+    env(
+        app,
+        json!({"requestMetrics": {
+            "protocol": "grpc",
+            "endpoint": format!("http://{}", collector.addr),
+            "exportInterval": 200_000_000u64,
+        }}),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn otlp_metrics_match_the_go_queue_proxy() {
     let app = App::varied().await;
-    let export = |collector: &OtlpCollector| {
-        env(
-            &app,
-            json!({"requestMetrics": {
-                "protocol": "grpc",
-                "endpoint": format!("http://{}", collector.addr),
-                "exportInterval": 200_000_000u64,
-            }}),
-        )
-    };
+    let export = |collector: &OtlpCollector| otlp_env(&app, collector);
     let go_collector = otlp_grpc().await;
     let go = GoQueueProxy::start(&export(&go_collector)).await;
     play_metrics_mix(go.main).await;
@@ -367,16 +371,7 @@ async fn otlp_metrics_match_the_go_queue_proxy() {
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn otlp_hosts_past_go_s_cardinality_limit_share_its_overflow_point() {
     let app = App::varied().await;
-    let export = |collector: &OtlpCollector| {
-        env(
-            &app,
-            json!({"requestMetrics": {
-                "protocol": "grpc",
-                "endpoint": format!("http://{}", collector.addr),
-                "exportInterval": 200_000_000u64,
-            }}),
-        )
-    };
+    let export = |collector: &OtlpCollector| otlp_env(&app, collector);
     let go_collector = otlp_grpc().await;
     let go = GoQueueProxy::start(&export(&go_collector)).await;
     play_hosts(go.main).await;
