@@ -5,6 +5,7 @@
 //! set aside here by name; anything else that differs fails.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -107,24 +108,30 @@ fn diff(got: &[String], want: &[String]) -> String {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn the_exposition_matches_the_go_queue_proxy() {
+    let [want, got] = expositions(play_metrics_mix, MIX).await;
+    let (got, want) = (stable_lines(&got), stable_lines(&want));
+    assert!(got == want, "{}", diff(&got, &want));
+}
+
+/// The Prometheus expositions of Knative's Go queue-proxy, then of
+/// qproxy, once the `requests` that `play` sends through each are
+/// measured, each with its main port read as `MAIN`.
+async fn expositions<F: Future<Output = ()>>(
+    play: impl Fn(SocketAddr) -> F,
+    requests: usize,
+) -> [String; 2] {
     let app = App::varied().await;
     let env = env(&app, json!({"requestMetrics": {"protocol": "prometheus"}}));
     let go = GoQueueProxy::start(&env).await;
-    play_metrics_mix(go.main).await;
-    let want = main_port(
-        &scrape_measured(SocketAddr::from(([127, 0, 0, 1], 9091)), MIX).await,
-        go.main.port(),
-    );
+    play(go.main).await;
+    let want = scrape_measured(SocketAddr::from(([127, 0, 0, 1], 9091)), requests).await;
+    let want = main_port(&want, go.main.port());
     drop(go);
 
     let qp = QProxy::start_env(&env);
-    play_metrics_mix(qp.main).await;
-    let got = main_port(
-        &scrape_measured(qp.metrics.expect("the metrics port"), MIX).await,
-        qp.main.port(),
-    );
-    let (got, want) = (stable_lines(&got), stable_lines(&want));
-    assert!(got == want, "{}", diff(&got, &want));
+    play(qp.main).await;
+    let got = scrape_measured(qp.metrics.expect("the metrics port"), requests).await;
+    [want, main_port(&got, qp.main.port())]
 }
 
 /// Requests with this many hosts: more than the 2,000 attribute sets Go's
@@ -143,18 +150,7 @@ async fn play_hosts(main: SocketAddr) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn hosts_past_go_s_cardinality_limit_share_its_overflow_series() {
-    let app = App::varied().await;
-    let env = env(&app, json!({"requestMetrics": {"protocol": "prometheus"}}));
-    let go = GoQueueProxy::start(&env).await;
-    play_hosts(go.main).await;
-    let want = scrape_measured(SocketAddr::from(([127, 0, 0, 1], 9091)), HOSTS).await;
-    let want = main_port(&want, go.main.port());
-    drop(go);
-
-    let qp = QProxy::start_env(&env);
-    play_hosts(qp.main).await;
-    let got = scrape_measured(qp.metrics.expect("the metrics port"), HOSTS).await;
-    let got = main_port(&got, qp.main.port());
+    let [want, got] = expositions(play_hosts, HOSTS).await;
     let overflow = format!(
         "http_server_request_duration_seconds_count{{otel_metric_overflow=\"true\",{}}} {}",
         "otel_scope_name=\"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp\",\
@@ -329,30 +325,52 @@ fn otlp_env(app: &App, collector: &OtlpCollector) -> Vec<(String, String)> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
-async fn otlp_metrics_match_the_go_queue_proxy() {
+/// A metric shape and a resource, as [`metric_shape`] and
+/// [`metrics_resource`] read an export.
+type Export = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// The OTLP metrics exports of Knative's Go queue-proxy, then of qproxy,
+/// once the `requests` that `play` sends through each are measured.
+async fn otlp_exports<F: Future<Output = ()>>(
+    play: impl Fn(SocketAddr) -> F,
+    requests: usize,
+) -> [Export; 2] {
     let app = App::varied().await;
-    let export = |collector: &OtlpCollector| otlp_env(&app, collector);
     let go_collector = otlp_grpc().await;
-    let go = GoQueueProxy::start(&export(&go_collector)).await;
-    play_metrics_mix(go.main).await;
-    exported(&go_collector, MIX).await;
-    let want = metric_shape(&go_collector.metrics, go.main.port());
-    let want_resource = metrics_resource(&go_collector.metrics);
+    let go = GoQueueProxy::start(&otlp_env(&app, &go_collector)).await;
+    play(go.main).await;
+    exported(&go_collector, requests).await;
+    let want = (
+        metric_shape(&go_collector.metrics, go.main.port()),
+        metrics_resource(&go_collector.metrics),
+    );
     drop(go);
 
     let qp_collector = otlp_grpc().await;
-    let qp = QProxy::start_env(&export(&qp_collector));
-    play_metrics_mix(qp.main).await;
-    exported(&qp_collector, MIX).await;
-    let got = metric_shape(&qp_collector.metrics, qp.main.port());
-    let got_resource = metrics_resource(&qp_collector.metrics);
+    let qp = QProxy::start_env(&otlp_env(&app, &qp_collector));
+    play(qp.main).await;
+    exported(&qp_collector, requests).await;
+    let got = (
+        metric_shape(&qp_collector.metrics, qp.main.port()),
+        metrics_resource(&qp_collector.metrics),
+    );
+    [want, got]
+}
 
-    let lines = |m: &BTreeMap<String, String>| -> Vec<String> {
-        m.iter().map(|(k, v)| format!("{k} = {v}")).collect()
-    };
-    assert!(got == want, "{}", diff(&lines(&got), &lines(&want)));
+/// A metric shape as lines, for a readable difference.
+fn shape_lines(shape: &BTreeMap<String, String>) -> Vec<String> {
+    shape.iter().map(|(k, v)| format!("{k} = {v}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
+async fn otlp_metrics_match_the_go_queue_proxy() {
+    let [(want, want_resource), (got, got_resource)] = otlp_exports(play_metrics_mix, MIX).await;
+    assert!(
+        got == want,
+        "{}",
+        diff(&shape_lines(&got), &shape_lines(&want))
+    );
     let keep = |r: &BTreeMap<String, String>| -> Vec<String> {
         r.iter()
             .filter(|(k, _)| !RESOURCE_DIFFERENCES.contains(&k.as_str()))
@@ -370,31 +388,16 @@ async fn otlp_metrics_match_the_go_queue_proxy() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "compares with Knative's Go queue-proxy, built with Go: scripts/test runs it"]
 async fn otlp_hosts_past_go_s_cardinality_limit_share_its_overflow_point() {
-    let app = App::varied().await;
-    let export = |collector: &OtlpCollector| otlp_env(&app, collector);
-    let go_collector = otlp_grpc().await;
-    let go = GoQueueProxy::start(&export(&go_collector)).await;
-    play_hosts(go.main).await;
-    exported(&go_collector, HOSTS).await;
-    let want = metric_shape(&go_collector.metrics, go.main.port());
-    drop(go);
-
-    let qp_collector = otlp_grpc().await;
-    let qp = QProxy::start_env(&export(&qp_collector));
-    play_hosts(qp.main).await;
-    exported(&qp_collector, HOSTS).await;
-    let got = metric_shape(&qp_collector.metrics, qp.main.port());
-
-    let lines = |m: &BTreeMap<String, String>| -> Vec<String> {
-        m.iter().map(|(k, v)| format!("{k} = {v}")).collect()
-    };
+    let [(want, _), (got, _)] = otlp_exports(play_hosts, HOSTS).await;
     assert!(
-        lines(&got)
-            .iter()
-            .any(|l| l.contains("otel.metric.overflow")),
+        got.keys().any(|k| k.contains("otel.metric.overflow")),
         "no overflow point in qproxy's export"
     );
-    assert!(got == want, "{}", diff(&lines(&got), &lines(&want)));
+    assert!(
+        got == want,
+        "{}",
+        diff(&shape_lines(&got), &shape_lines(&want))
+    );
 }
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
