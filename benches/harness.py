@@ -125,6 +125,10 @@ def build(args):
         go_qp = os.path.join(ROOT, "target", "oracle", "queue-v0.42.2")
         subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), "v0.42.2", go_qp], check=True)
         out["go-qp"] = go_qp
+    if 12 in args.loads:
+        out["events"] = os.path.join(ROOT, "target", "bench", "events.lua")
+        with open(out["events"], "w") as f:
+            f.write(EVENTS_SCRIPT)
     if 11 in args.loads:
         out["grpc-request"] = os.path.join(ROOT, "target", "bench", "grpc-request")
         with open(out["grpc-request"], "wb") as f:
@@ -450,8 +454,8 @@ def parse_duration(s):
     return v * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
 
 
-def run_wrk(bins, port, path, conns, seconds, client_cpu, scheme="http", headers=()):
-    extra = [a for h in headers for a in ("-H", h)]
+def run_wrk(bins, port, path, conns, seconds, client_cpu, scheme="http", headers=(), script=None):
+    extra = [a for h in headers for a in ("-H", h)] + (["-s", script] if script else [])
     out = subprocess.run(
         pin(client_cpu, [bins["wrk"], "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", *extra,
                          f"{scheme}://127.0.0.1:{port}{path}"]),
@@ -565,6 +569,18 @@ TLS_HANDSHAKES = "10 TLS handshake per request c70"
 TLS_LOAD_NUMBERS = (9, 10)
 # gRPC unary calls over h2c, 10 connections of 10 streams.
 GRPC_UNARY = "11 gRPC unary h2c 10x10"
+# Events kept alive: a 1 KiB JSON body POSTed with CloudEvents' binary-mode
+# headers, 70 connections; the app reads each body whole.
+EVENTS_LOAD = "12 POST 1KiB c70"
+EVENTS_SCRIPT = """\
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Ce-Specversion"] = "1.0"
+wrk.headers["Ce-Type"] = "dev.knative.bench.event"
+wrk.headers["Ce-Source"] = "/bench/harness"
+wrk.headers["Ce-Id"] = "00000000-0000-0000-0000-000000000001"
+wrk.body = '{"data":"' .. string.rep("x", 1014) .. '"}'
+"""
 
 
 def throughput_loads(args):
@@ -582,6 +598,8 @@ def throughput_loads(args):
     if 4 in args.loads:
         loads["4 64KiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=65536", 10, d, cpu)
         loads["4 1MiB c10"] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/bytes?n=1048576", 10, d, cpu)
+    if 12 in args.loads:
+        loads[EVENTS_LOAD] = lambda b, c: lambda cpu: run_wrk(b, c.port, "/events", 70, d, cpu, script=b["events"])
     if 9 in args.loads:
         loads[TLS_KEEP_ALIVE] = lambda b, c: lambda cpu: run_wrk(b, c.tls_port, "/", 70, d, cpu, "https")
     if 10 in args.loads:
@@ -835,7 +853,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
-    ap.add_argument("--loads", default="1,2,3,11,4,5,6,9,10")
+    ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
     args = ap.parse_args()
     if args.smoke:

@@ -30,6 +30,13 @@ func main() {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("Hello World!\n"))
 	})
+	// An event sink: reads the body whole, as a CloudEvents receiver does.
+	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
 	mux.HandleFunc("/bytes", func(w http.ResponseWriter, r *http.Request) {
 		n, err := strconv.Atoi(r.URL.Query().Get("n"))
 		if err != nil || n < 0 || n > len(big) {
