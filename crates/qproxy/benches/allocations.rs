@@ -3,8 +3,8 @@
 //! qproxy serves in this process on a thread of its own, one thread as in a
 //! pod, and only that thread's allocations are counted (an allocation group
 //! of `tracking-allocator`); the app and the client run on other threads.
-//! Each case sends plain HTTP/1.1 `GET`s over one kept-alive connection,
-//! warms up, then divides the allocations of the measured requests by
+//! Each case sends plain HTTP/1.1 `GET`s (or `POST`s of a 1 KiB body, as
+//! events come) over one kept-alive connection, warms up, then divides the allocations of the measured requests by
 //! their number. The periodic work of the sidecar (the stats report, once a
 //! second) is counted too, spread over the requests.
 //!
@@ -21,12 +21,13 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use qproxy::Config;
 use qproxy::config::{Generation, knative_defaults};
 use qproxy_test_support::app::App;
+use qproxy_test_support::full;
 use tracking_allocator::{
     AllocationGroupId, AllocationGroupToken, AllocationRegistry, AllocationTracker, Allocator,
 };
@@ -34,17 +35,35 @@ use tracking_allocator::{
 #[global_allocator]
 static ALLOCATOR: Allocator<System> = Allocator::system();
 
+/// One case: its name, whether its requests carry a body, and qproxy's
+/// environment beyond Knative's defaults.
+struct Case {
+    name: &'static str,
+    body: bool,
+    vars: &'static [(&'static str, &'static str)],
+}
+
 /// The cases, each counted in a group of its own.
-const CASES: [(&str, &[(&str, &str)]); 2] = [
-    ("plain HTTP/1.1 GET, Knative's defaults", &[]),
-    (
-        "plain HTTP/1.1 GET, request metrics off",
-        &[("SERVING_REQUEST_METRICS_BACKEND", "")],
-    ),
+const CASES: [Case; 3] = [
+    Case {
+        name: "plain HTTP/1.1 GET, Knative's defaults",
+        body: false,
+        vars: &[],
+    },
+    Case {
+        name: "plain HTTP/1.1 GET, request metrics off",
+        body: false,
+        vars: &[("SERVING_REQUEST_METRICS_BACKEND", "")],
+    },
+    Case {
+        name: "HTTP/1.1 POST of 1 KiB, Knative's defaults",
+        body: true,
+        vars: &[],
+    },
 ];
 
-static GROUPS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
-static COUNTS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static GROUPS: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+static COUNTS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 
 /// Counts allocations made while one of [`GROUPS`] is entered.
 struct Counter;
@@ -106,8 +125,9 @@ fn start_qproxy(case: usize, app_port: u16, vars: &[(&str, &str)]) -> u16 {
     port
 }
 
-/// Sends `n` GETs over one connection; every answer must be the app's.
-async fn requests(addr: SocketAddr, n: u64) {
+/// Sends `n` GETs (or, with `body`, POSTs of 1 KiB) over one connection;
+/// every answer must be the app's.
+async fn requests(addr: SocketAddr, n: u64, body: bool) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
@@ -115,9 +135,15 @@ async fn requests(addr: SocketAddr, n: u64) {
     tokio::spawn(conn);
     for _ in 0..n {
         send.ready().await.unwrap();
-        let req = http::Request::get("/")
+        let req = http::Request::builder()
+            .method(if body { "POST" } else { "GET" })
+            .uri("/")
             .header("host", "hello.default.svc.cluster.local")
-            .body(Empty::<Bytes>::new())
+            .body(if body {
+                Full::new(Bytes::from_static(&[b'x'; 1024]))
+            } else {
+                Full::default()
+            })
             .unwrap();
         let res = send.send_request(req).await.unwrap();
         assert_eq!(res.status(), 200);
@@ -143,15 +169,20 @@ fn main() {
     AllocationRegistry::set_global_tracker(Counter).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let app = App::hello().await;
+        // The app reads each body whole, as an event sink does.
+        let app = App::start(|req| async {
+            let _ = req.into_body().collect().await;
+            hyper::Response::new(full("Hello World!\n"))
+        })
+        .await;
         AllocationRegistry::enable_tracking();
-        for (case, (name, vars)) in CASES.iter().enumerate() {
+        for (case, Case { name, body, vars }) in CASES.iter().enumerate() {
             let addr =
                 SocketAddr::from((Ipv4Addr::LOCALHOST, start_qproxy(case, app.port(), vars)));
             serving(addr).await;
-            requests(addr, warm).await;
+            requests(addr, warm, *body).await;
             let before = COUNTS[case].load(Ordering::Relaxed);
-            requests(addr, measured).await;
+            requests(addr, measured, *body).await;
             let counted = COUNTS[case].load(Ordering::Relaxed) - before;
             assert!(counted > 0, "{name}: no allocation counted");
             println!(

@@ -132,6 +132,8 @@ pub(crate) enum RequestBody {
     Client(Incoming),
     /// No body. A request without one can be sent again.
     Empty,
+    /// A body read whole with its head; taken by its first read.
+    Full(Bytes),
     /// What the client sends into the tunnel of an HTTP/2 `CONNECT`, to
     /// its end (the tunnel's task feeds it).
     Tunnel(mpsc::Receiver<Bytes>),
@@ -160,6 +162,8 @@ impl http_body::Body for RequestBody {
         match self.get_mut() {
             RequestBody::Client(b) => Pin::new(b).poll_frame(cx),
             RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Full(data) if data.is_empty() => Poll::Ready(None),
+            RequestBody::Full(data) => Poll::Ready(Some(Ok(Frame::data(std::mem::take(data))))),
             RequestBody::Tunnel(rx) => rx
                 .poll_recv(cx)
                 .map(|data| data.map(|d| Ok(Frame::data(d)))),
@@ -170,6 +174,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.is_end_stream(),
             RequestBody::Empty => true,
+            RequestBody::Full(data) => data.is_empty(),
             RequestBody::Tunnel(_) => false,
         }
     }
@@ -178,6 +183,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.size_hint(),
             RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Full(data) => SizeHint::with_exact(data.len() as u64),
             RequestBody::Tunnel(_) => SizeHint::default(),
         }
     }

@@ -1,10 +1,11 @@
 //! qproxy's own HTTP/1.1 client to the user container, for the requests
-//! that make most traffic: those without a body, that ask for no upgrade.
+//! that make most traffic: those that ask for no upgrade and have no body,
+//! or one read whole already.
 //!
 //! hyper's client connection runs as a task of its own and takes each
 //! request through a channel; its buffers stay with the connection while
-//! it is idle. Here the request's own task writes the request head in one
-//! write, reads the response head into a buffer the size of what came,
+//! it is idle. Here the request's own task writes the request head (and
+//! body) in one write, reads the response head into a buffer the size of what came,
 //! and the response body ([`AppBody`]) reads the rest from the socket
 //! itself. An idle connection ([`AppConn`]) keeps that buffer only when
 //! the response came in one read (at most 4 KiB), and reads the next into
@@ -103,9 +104,10 @@ impl Pooled for AppConn {
     }
 }
 
-/// Writes the head of `req` (an HTTP/1.1 request without a body, its
-/// target in origin form, `Host` set) as hyper writes it: header names in
-/// title case, as Go's transport writes them, in the map's order.
+/// Writes the head of `req` (an HTTP/1.1 request, its target in origin
+/// form, `Host` set; its body, if any, whole, its length the
+/// `Content-Length` it came with) as hyper writes it: header names in title
+/// case, as Go's transport writes them, in the map's order.
 pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
     dst.extend_from_slice(req.method().as_str().as_bytes());
     dst.push(b' ');
@@ -113,7 +115,8 @@ pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
     dst.extend_from_slice(target.as_bytes());
     dst.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in req.headers() {
-        // A request without a body has no transfer coding (hyper drops it).
+        // A request without a body has no transfer coding (hyper drops it),
+        // and one whose body is whole here came without one.
         if name == TRANSFER_ENCODING {
             continue;
         }

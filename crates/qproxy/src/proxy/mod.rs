@@ -37,7 +37,7 @@ use crate::common::headers::{
 use crate::common::reply::http_error;
 use crate::common::tunnel::TunnelDeadline;
 pub(crate) use error::UpstreamError;
-pub(crate) use upstream::{BodylessRequest, Upstream};
+pub(crate) use upstream::{Upstream, WholeRequest};
 
 /// The reverse proxy for one client connection.
 #[derive(Debug, Clone)]
@@ -82,7 +82,8 @@ impl Service<Request<RequestBody>> for Proxy {
                 }))
             });
         }
-        if h2 || hop.upgrade.is_some() || !http_body::Body::is_end_stream(req.body()) {
+        let whole = matches!(req.body(), RequestBody::Empty | RequestBody::Full(_));
+        if h2 || hop.upgrade.is_some() || !whole {
             let this = self.clone();
             return Box::pin(async move { Ok(answer(this.forward(req, hop).await)) });
         }
@@ -90,10 +91,10 @@ impl Service<Request<RequestBody>> for Proxy {
         // that its future holds only what it waits with.
         let sent = self
             .http1_request(req)
-            .map(|req| (self.upstream.clone(), BodylessRequest::new(req)));
+            .map(|req| (self.upstream.clone(), WholeRequest::new(req)));
         Box::pin(async move {
             let res = match sent {
-                Ok((upstream, req)) => upstream.send_bodyless(req).await,
+                Ok((upstream, req)) => upstream.send_whole(req).await,
                 Err(err) => Err(err),
             };
             Ok(answer(res.and_then(|res| {
@@ -126,8 +127,8 @@ impl Proxy {
         hop
     }
 
-    /// A request that has a body, asks for an upgrade or is HTTP/2, its
-    /// headers [prepared](Self::prepare).
+    /// A request whose body is streamed, that asks for an upgrade or is
+    /// HTTP/2, its headers [prepared](Self::prepare).
     async fn forward(
         &self,
         mut req: Request<RequestBody>,

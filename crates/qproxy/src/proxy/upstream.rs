@@ -5,8 +5,9 @@
 //! connection used last, or dials one; its response body hands the
 //! connection back when the app's response has been read to its end, so
 //! that the next request, from any client connection, reuses it. Requests
-//! without a body are spoken by qproxy's own client ([`crate::common::h1`]); those
-//! with one by hyper's; each kind keeps its own idle connections. At most
+//! without a body, or with one read whole already, are spoken by qproxy's
+//! own client ([`crate::common::h1`]); those with a body still streaming
+//! by hyper's; each kind keeps its own idle connections. At most
 //! `CONTAINER_CONCURRENCY` idle connections of each kind are kept (1000
 //! when unlimited), each for at most 90 s, as Knative's transport does. A
 //! request that an idle connection turns out to be closed for is sent on
@@ -123,15 +124,15 @@ impl Upstream {
         }
     }
 
-    /// Sends a request without a body and asking for no upgrade with
-    /// qproxy's own client; the response body hands the connection back
+    /// Sends a request asking for no upgrade, whose body (if any) is
+    /// whole, with qproxy's own client; the response body hands the connection back
     /// once read. The rules for idle connections and for sending again are
     /// those of [`Upstream::send_http1`].
-    pub(crate) async fn send_bodyless(
+    pub(crate) async fn send_whole(
         &self,
-        req: BodylessRequest,
+        req: WholeRequest,
     ) -> Result<http::Response<Body>, UpstreamError> {
-        let BodylessRequest {
+        let WholeRequest {
             head,
             method,
             mut headers,
@@ -250,11 +251,11 @@ impl Upstream {
     }
 }
 
-/// An HTTP/1.1 request without a body that asks for no upgrade, made
-/// ready for [`Upstream::send_bodyless`]: its head written out, its header
-/// map emptied for the response's.
+/// An HTTP/1.1 request that asks for no upgrade and whose body, if any, is
+/// all here, made ready for [`Upstream::send_whole`]: its head and body
+/// written out, its header map emptied for the response's.
 #[derive(Debug)]
-pub(crate) struct BodylessRequest {
+pub(crate) struct WholeRequest {
     head: Vec<u8>,
     method: Method,
     headers: HeaderMap,
@@ -262,17 +263,29 @@ pub(crate) struct BodylessRequest {
     again: bool,
 }
 
-impl BodylessRequest {
+impl WholeRequest {
     /// `req`, its URI in origin form and its `Host` set.
     pub(crate) fn new(req: Request<RequestBody>) -> Self {
-        let mut head = Vec::with_capacity(256);
+        let body = match req.body() {
+            RequestBody::Full(body) => body.len(),
+            _ => 0,
+        };
+        let mut head = Vec::with_capacity(256 + body);
         h1::encode(&req, &mut head);
         let again = replayable(&req);
-        let http::request::Parts {
-            method,
-            mut headers,
-            ..
-        } = req.into_parts().0;
+        let (
+            http::request::Parts {
+                method,
+                mut headers,
+                ..
+            },
+            body,
+        ) = req.into_parts();
+        // The body follows its head in the same write, as hyper's client
+        // writes a body it has whole.
+        if let RequestBody::Full(body) = body {
+            head.extend_from_slice(&body);
+        }
         headers.clear();
         Self {
             head,
@@ -432,10 +445,7 @@ mod tests {
                 .header(http::header::HOST, "app")
                 .body(RequestBody::Empty)
                 .unwrap();
-            let res = upstream
-                .send_bodyless(BodylessRequest::new(req))
-                .await
-                .unwrap();
+            let res = upstream.send_whole(WholeRequest::new(req)).await.unwrap();
             let (parts, body) = res.into_parts();
             let body = body.collect().await.unwrap().to_bytes();
             let expected = char::from(b'a' + i as u8).to_string().repeat(size);
@@ -455,5 +465,90 @@ mod tests {
                     .as_bytes()
             );
         }
+    }
+
+    /// The bytes of one request as the app receives them, sent by `send`
+    /// to a listener that answers `204` and closes.
+    async fn received<F, Fut>(send: F) -> Vec<u8>
+    where
+        F: FnOnce(u16) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let app = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = app.local_addr().unwrap().port();
+        let read = tokio::spawn(async move {
+            let (mut tcp, _) = app.accept().await.unwrap();
+            let mut got = Vec::new();
+            // The head, then the body its `Content-Length` says.
+            loop {
+                if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .map_or(0, |n| n.parse::<usize>().unwrap());
+                    if got.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+                let mut buf = [0; 4096];
+                let n = tcp.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            tcp.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            got
+        });
+        send(port).await;
+        read.await.unwrap()
+    }
+
+    /// A request whose body is whole goes out as hyper's client writes
+    /// it (and writes a body streamed from a client): the head, then the
+    /// body. It is not sent again if the app drops the connection, as Go
+    /// sends no request with a body again.
+    #[tokio::test]
+    async fn a_whole_body_goes_out_as_hyper_writes_it() {
+        let parts = || {
+            Request::put("/e?x=1")
+                .header(http::header::HOST, "app")
+                .header("idempotency-key", "k")
+                .header(http::header::CONTENT_LENGTH, "11")
+                .header("ce-type", "dev.knative.example")
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        };
+        let body = Bytes::from_static(b"{\"a\":\"b c\"}");
+        let ours = received(|port| {
+            let req = Request::from_parts(parts(), RequestBody::Full(body.clone()));
+            let whole = WholeRequest::new(req);
+            assert!(!whole.again, "a request with a body is never sent again");
+            async move {
+                let res = Upstream::new(port, 1).send_whole(whole).await.unwrap();
+                assert_eq!(res.status(), 204);
+            }
+        })
+        .await;
+        let sent = body.clone();
+        let hyper = received(|port| async move {
+            let tcp = TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+                .await
+                .unwrap();
+            let (mut sender, conn) = http1_builder().handshake(TokioIo::new(tcp)).await.unwrap();
+            tokio::spawn(conn);
+            let req = Request::from_parts(parts(), http_body_util::Full::new(sent));
+            let res = sender.send_request(req).await.unwrap();
+            assert_eq!(res.status(), 204);
+        })
+        .await;
+        assert_eq!(
+            String::from_utf8_lossy(&ours),
+            String::from_utf8_lossy(&hyper)
+        );
+        assert!(ours.ends_with(&body));
     }
 }

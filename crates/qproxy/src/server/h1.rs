@@ -1,5 +1,7 @@
 //! qproxy's own HTTP/1.1 server, for the requests that make most traffic:
-//! HTTP/1.1 requests without a body that ask for no upgrade.
+//! HTTP/1.1 requests that ask for no upgrade, without a body or with a
+//! small one (up to 64 KiB, its length given) sent with the head, as an
+//! event or an API call is.
 //!
 //! hyper's HTTP/1.1 server keeps a dispatcher, a read buffer and a write
 //! buffer for each connection, and takes each request through its service
@@ -26,9 +28,16 @@
 //!   shutdown closes an idle connection and lets one in flight finish,
 //!   with `Connection: close`.
 //!
-//! Anything else (a request with a body, `HEAD` with its peculiar
-//! lengths aside, an upgrade, `CONNECT`, HTTP/1.0, a `TE` header, a head
-//! this module does not take whole, one that is not HTTP) is handed to
+//! A body served here is read on after its head for as long as its bytes
+//! are there already, into the same buffer, and handed to the service
+//! whole; hyper would stream the same bytes to it, so the service and the
+//! client see the same. A body that stops short (the client sends the
+//! rest later) goes to hyper with what came of it.
+//!
+//! Anything else (a chunked body, or one still on its way, larger or
+//! sent after `Expect: 100-continue`; an upgrade, `CONNECT`, HTTP/1.0, a
+//! `TE` header, a head this module does not take whole, one that is not
+//! HTTP) is handed to
 //! hyper with the bytes read so far, and hyper serves the connection from
 //! then on: its answers to bad requests (`400`, `414`, `431`) are the
 //! ones clients have always had.
@@ -43,7 +52,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{
-    CONNECTION, CONTENT_LENGTH, DATE, Entry, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    CONNECTION, CONTENT_LENGTH, DATE, EXPECT, Entry, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
@@ -66,6 +75,9 @@ const KEEP_READ: usize = 2048;
 /// Longest head served here; a longer one goes to hyper, which refuses
 /// those over Go's limit.
 const MAX_HEAD: usize = 16 * 1024;
+/// Largest request body served here, read whole before the request is
+/// served when it is all there already.
+const MAX_BODY: usize = 64 * 1024;
 /// hyper's longest request target: a longer one is hyper's `414`.
 const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
 /// Data frames up to this size are copied after the head; larger ones
@@ -137,6 +149,23 @@ where
                         pending = raw
                             .try_into_mut()
                             .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
+                    }
+                    Parsed::Short { whole } => {
+                        drop(std::mem::take(&mut pending));
+                        pending = raw
+                            .try_into_mut()
+                            .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
+                        // The rest of the body is read on while it is
+                        // there already; one that is still on its way is
+                        // streamed by hyper, with what came of it.
+                        while pending.len() < whole {
+                            let now =
+                                poll_fn(|cx| Poll::Ready(poll_read_into(io, &mut pending, cx)));
+                            if !matches!(now.await, Poll::Ready(Ok(n)) if n > 0) {
+                                return Served::HandOff(pending.freeze());
+                            }
+                        }
+                        continue;
                     }
                     Parsed::Hyper => return Served::HandOff(raw),
                 }
@@ -384,7 +413,7 @@ impl Watch {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Parsed {
-    /// A request served here, its head `len` bytes long.
+    /// A request served here, its head (and body) `len` bytes long.
     Request {
         req: Request<RequestBody>,
         keep_alive: bool,
@@ -392,6 +421,9 @@ enum Parsed {
     },
     /// Not a whole head yet.
     Partial,
+    /// A whole head whose body, small enough to be served here, has not
+    /// all come yet: the request is `whole` bytes long.
+    Short { whole: usize },
     /// A request, or bytes, for hyper.
     Hyper,
 }
@@ -401,7 +433,7 @@ enum Parsed {
 fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
     let mut lines = [httparse::EMPTY_HEADER; STACK_HEADERS];
     let mut parsed = httparse::Request::new(&mut lines);
-    let len = match parsed.parse(raw) {
+    let mut len = match parsed.parse(raw) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if raw.len() < MAX_HEAD => return Parsed::Partial,
         _ => return Parsed::Hyper,
@@ -423,7 +455,8 @@ fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
     };
     headers.reserve(parsed.headers.len());
     let mut keep_alive = true;
-    let mut length = false;
+    let mut length = None;
+    let mut expect = false;
     for line in parsed.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(line.name.as_bytes()) else {
             return Parsed::Hyper;
@@ -432,15 +465,36 @@ fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
             return Parsed::Hyper;
         };
         match name {
-            // No body, said once, is a body served here.
-            CONTENT_LENGTH if !length && value == "0" => length = true,
+            // A length said once, in digits, is a body this module may take.
+            CONTENT_LENGTH if length.is_none() => match value.to_str().ok().and_then(digits) {
+                Some(n) => length = Some(n),
+                None => return Parsed::Hyper,
+            },
             CONTENT_LENGTH | TRANSFER_ENCODING | UPGRADE | TE => return Parsed::Hyper,
             CONNECTION if keep_alive => keep_alive = !has_token(&value, "close"),
+            EXPECT => expect = true,
             _ => {}
         }
         headers.append(name, value);
     }
-    let mut req = Request::new(RequestBody::Empty);
+    let body = match length {
+        None | Some(0) => RequestBody::Empty,
+        // hyper answers `Expect: 100-continue` as the body is first read.
+        Some(_) if expect => return Parsed::Hyper,
+        // A body small enough to be served here, whole.
+        Some(n) if n <= MAX_BODY as u64 => {
+            let end = len + n as usize;
+            if raw.len() < end {
+                return Parsed::Short { whole: end };
+            }
+            let body = raw.slice(len..end);
+            len = end;
+            RequestBody::Full(body)
+        }
+        // hyper streams a larger one to the app as it comes.
+        Some(_) => return Parsed::Hyper,
+    };
+    let mut req = Request::new(body);
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
@@ -849,6 +903,8 @@ mod tests {
         uri: Uri,
         version: Version,
         headers: Vec<(HeaderName, HeaderValue)>,
+        /// The body's length as the service was told it.
+        length: Option<u64>,
         body: Bytes,
     }
 
@@ -871,6 +927,7 @@ mod tests {
             let record = record.clone();
             async move {
                 let (parts, body) = req.into_parts();
+                let length = body.size_hint().exact();
                 let body = body
                     .collect()
                     .await
@@ -885,6 +942,7 @@ mod tests {
                         .iter()
                         .map(|(n, v)| (n.clone(), v.clone()))
                         .collect(),
+                    length,
                     body,
                 });
                 Ok::<_, Infallible>(answer())
@@ -1095,9 +1153,117 @@ mod tests {
             b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nPOST /3 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /4 HTTP/1.1\r\nHost: a\r\n\r\n",
             // A head split across the pipelined bytes.
             b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHo",
+            // Bodies that came whole, served here, then what follows.
+            b"POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+            b"POST /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiPUT /2 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nyouGET /3 HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: close\r\n\r\nxGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 00003\r\n\r\nabc",
+            // Bodies for hyper: still coming, a length said twice or not
+            // in digits, `Expect`, one over the size served here.
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nhello",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +2\r\n\r\nhi",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 2\r\n\r\nhi",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\nhi",
+            b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
         ];
         for request in requests {
             same(request, ANSWERS[1].1, false).await;
+        }
+    }
+
+    /// Bodies larger than one read, and than the size served here, reach
+    /// the service as with hyper.
+    #[tokio::test(start_paused = true)]
+    async fn larger_bodies_reach_the_service_as_hyper_reads_them() {
+        for size in [3_000, 5_000, MAX_BODY, MAX_BODY + 1] {
+            let mut sent = format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n")
+                .into_bytes();
+            sent.resize(sent.len() + size, b'b');
+            sent.extend_from_slice(GET);
+            same(&sent, ANSWERS[1].1, false).await;
+        }
+    }
+
+    /// Which requests with a body are served here: those whose length is
+    /// said once, in digits, no larger than [`MAX_BODY`], that do not wait
+    /// on `Expect`; read on when the body has not all come yet.
+    #[test]
+    fn a_small_body_is_served_here() {
+        let head = |extra: &str, length: usize| {
+            format!("POST / HTTP/1.1\r\nHost: a\r\n{extra}Content-Length: {length}\r\n\r\n")
+        };
+        let parsed = |sent: Vec<u8>| match parse(&Bytes::from(sent), HeaderMap::new()) {
+            Parsed::Request { req, len, .. } => match req.into_body() {
+                RequestBody::Full(body) => format!("whole {} of {len}", body.len()),
+                other => panic!("not a whole body: {other:?}"),
+            },
+            Parsed::Short { whole } => format!("short of {whole}"),
+            Parsed::Partial => "partial".into(),
+            Parsed::Hyper => "hyper".into(),
+        };
+        let mut sent = head("", 5).into_bytes();
+        let len = sent.len();
+        sent.extend_from_slice(b"helloGET");
+        assert_eq!(parsed(sent), format!("whole 5 of {}", len + 5));
+
+        let mut largest = head("", MAX_BODY).into_bytes();
+        let len = largest.len();
+        largest.resize(len + MAX_BODY, b'x');
+        assert_eq!(
+            parsed(largest.clone()),
+            format!("whole {MAX_BODY} of {}", len + MAX_BODY)
+        );
+        largest.truncate(len + 10);
+        assert_eq!(parsed(largest), format!("short of {}", len + MAX_BODY));
+
+        let mut over = head("", MAX_BODY + 1).into_bytes();
+        over.resize(over.len() + MAX_BODY + 1, b'x');
+        assert_eq!(parsed(over), "hyper");
+        let expect = head("Expect: 100-continue\r\n", 5) + "hello";
+        assert_eq!(parsed(expect.into_bytes()), "hyper");
+        let twice = head("Content-Length: 5\r\n", 5) + "hello";
+        assert_eq!(parsed(twice.into_bytes()), "hyper");
+    }
+
+    /// A body larger than one read, sent at once, is read whole and
+    /// served here; a larger one than [`MAX_BODY`] is streamed by hyper.
+    #[tokio::test]
+    async fn a_body_sent_at_once_is_read_whole() {
+        for (size, whole) in [(20_000, true), (MAX_BODY, true), (MAX_BODY + 1, false)] {
+            let (mut client, server) = tokio::io::duplex(4 * MAX_BODY);
+            let graceful = GracefulShutdown::new();
+            let service = service_fn(move |req: Request<RequestBody>| async move {
+                let served = matches!(req.body(), RequestBody::Full(_));
+                let got = req.into_body().collect().await.unwrap().to_bytes();
+                assert_eq!(got.len(), size);
+                assert_eq!(served, whole, "a body of {size} bytes served here");
+                Ok::<_, Infallible>(with(200, &[], body("ok")))
+            });
+            let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
+            let served = tokio::spawn(connection(
+                server,
+                HeadClock::new(HEAD_TIMEOUT),
+                main_builder(),
+                service,
+                graceful.watcher(),
+                Conn { remote },
+            ));
+            let mut sent = format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+            )
+            .into_bytes();
+            sent.resize(sent.len() + size, b'b');
+            client.write_all(&sent).await.unwrap();
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            assert!(
+                got.ends_with(b"\r\n\r\nok"),
+                "{}",
+                String::from_utf8_lossy(&got)
+            );
+            served.await.unwrap();
         }
     }
 
