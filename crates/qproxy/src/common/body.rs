@@ -1,6 +1,8 @@
 //! The bodies qproxy hands to hyper: toward the client and toward the app.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -133,7 +135,7 @@ pub(crate) enum RequestBody {
     /// No body. A request without one can be sent again.
     Empty,
     /// A body read whole with its head; taken by its first read.
-    Full(Bytes),
+    Full(WholeBody),
     /// What the client sends into the tunnel of an HTTP/2 `CONNECT`, to
     /// its end (the tunnel's task feeds it).
     Tunnel(mpsc::Receiver<Bytes>),
@@ -162,8 +164,10 @@ impl http_body::Body for RequestBody {
         match self.get_mut() {
             RequestBody::Client(b) => Pin::new(b).poll_frame(cx),
             RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Full(data) if data.is_empty() => Poll::Ready(None),
-            RequestBody::Full(data) => Poll::Ready(Some(Ok(Frame::data(std::mem::take(data))))),
+            RequestBody::Full(body) => {
+                let data = body.take();
+                Poll::Ready((!data.is_empty()).then(|| Ok(Frame::data(data))))
+            }
             RequestBody::Tunnel(rx) => rx
                 .poll_recv(cx)
                 .map(|data| data.map(|d| Ok(Frame::data(d)))),
@@ -174,7 +178,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.is_end_stream(),
             RequestBody::Empty => true,
-            RequestBody::Full(data) => data.is_empty(),
+            RequestBody::Full(body) => body.data.is_empty(),
             RequestBody::Tunnel(_) => false,
         }
     }
@@ -183,9 +187,56 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.size_hint(),
             RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Full(data) => SizeHint::with_exact(data.len() as u64),
+            RequestBody::Full(body) => SizeHint::with_exact(body.data.len() as u64),
             RequestBody::Tunnel(_) => SizeHint::default(),
         }
+    }
+}
+
+/// A request body read whole by qproxy's own HTTP/1.1 server, which
+/// learns through [`BodyRead`] once the stack has read it (or let it go),
+/// as Go's server and hyper's learn it when a body is read to its end: only
+/// then do they watch the client for a hang-up.
+#[derive(Debug)]
+pub(crate) struct WholeBody {
+    data: Bytes,
+    read: Arc<AtomicBool>,
+}
+
+/// Whether a [`WholeBody`] has been read.
+#[derive(Debug)]
+pub(crate) struct BodyRead(Arc<AtomicBool>);
+
+impl WholeBody {
+    /// `data`, and what tells when it has been read.
+    pub(crate) fn new(data: Bytes) -> (Self, BodyRead) {
+        let read = Arc::new(AtomicBool::new(false));
+        (
+            Self {
+                data,
+                read: read.clone(),
+            },
+            BodyRead(read),
+        )
+    }
+
+    /// The body's bytes, taken: it has been read.
+    pub(crate) fn take(&mut self) -> Bytes {
+        self.read.store(true, Ordering::Release);
+        std::mem::take(&mut self.data)
+    }
+}
+
+impl Drop for WholeBody {
+    fn drop(&mut self) {
+        self.read.store(true, Ordering::Release);
+    }
+}
+
+impl BodyRead {
+    /// The body has been read, or let go of.
+    pub(crate) fn is_read(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 }
 

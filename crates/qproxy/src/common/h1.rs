@@ -19,11 +19,11 @@
 //! after it. A response head that is not HTTP fails with hyper's words for
 //! it, which the proxy wraps in Go's transport's text.
 //!
-//! Requests with a body, upgrades and `CONNECT` go through hyper, whose
-//! connections are kept apart from these.
+//! Requests whose body streams, upgrades and `CONNECT` go through hyper,
+//! whose connections are kept apart from these.
 
 use std::future::poll_fn;
-use std::io;
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -184,7 +184,9 @@ enum Chunk {
     Trailers,
 }
 
-/// Sends `head` (from [`encode`]) on `conn` and reads the response's head,
+/// Sends `head` (from [`encode`]) and `body` (whole, the length its head
+/// gives; empty for none) on `conn`, in one write when the socket takes
+/// them, and reads the response's head,
 /// its header map `headers` (empty; taken for the head, left otherwise);
 /// what came after the head stays in the connection's buffer, for the
 /// body. `method` frames the body.
@@ -194,10 +196,11 @@ enum Chunk {
 pub(crate) async fn exchange(
     conn: &mut AppConn,
     head: &[u8],
+    body: &[u8],
     method: &Method,
     headers: &mut HeaderMap,
 ) -> Result<Head, ExchangeError> {
-    conn.tcp.write_all(head).await?;
+    write_all_both(&mut conn.tcp, head, body).await?;
     let mut reads = 0;
     loop {
         if !conn.buf.is_empty() {
@@ -221,6 +224,25 @@ pub(crate) async fn exchange(
     }
 }
 
+/// Writes `first`, then `second`, with vectored writes: no copy of either.
+async fn write_all_both(
+    tcp: &mut TcpStream,
+    mut first: &[u8],
+    mut second: &[u8],
+) -> io::Result<()> {
+    while !first.is_empty() || !second.is_empty() {
+        let bufs = [IoSlice::new(first), IoSlice::new(second)];
+        let n = tcp.write_vectored(&bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_first = n.min(first.len());
+        first = &first[from_first..];
+        second = &second[n - from_first..];
+    }
+    Ok(())
+}
+
 /// Most bytes one read of a head takes: most heads, and small bodies, fit.
 const READ_CHUNK: usize = 4096;
 
@@ -232,8 +254,18 @@ pub(crate) fn poll_read_into<IO: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
+    poll_read_at_most(io, buf, READ_CHUNK, cx)
+}
+
+/// [`poll_read_into`], reading at most `most` bytes.
+pub(crate) fn poll_read_at_most<IO: AsyncRead + Unpin>(
+    io: &mut IO,
+    buf: &mut BytesMut,
+    most: usize,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
     let mut room = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-    let mut read = ReadBuf::uninit(&mut room);
+    let mut read = ReadBuf::uninit(&mut room[..most.min(READ_CHUNK)]);
     ready!(Pin::new(io).poll_read(cx, &mut read))?;
     buf.extend_from_slice(read.filled());
     Poll::Ready(Ok(read.filled().len()))

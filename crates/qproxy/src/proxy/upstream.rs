@@ -50,9 +50,10 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
 pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
-    /// Idle connections spoken by hyper: requests with a body.
+    /// Idle connections spoken by hyper: requests whose body streams.
     idle: Arc<Idle<Conn>>,
-    /// Idle connections spoken by qproxy: requests without.
+    /// Idle connections spoken by qproxy: requests without a body, or with
+    /// one whole.
     idle_own: Arc<Idle<AppConn>>,
     h2c: H2c,
 }
@@ -134,13 +135,17 @@ impl Upstream {
     ) -> Result<http::Response<Body>, UpstreamError> {
         let WholeRequest {
             head,
+            body,
             method,
             mut headers,
             again,
         } = req;
         // `take` passes over the idle connections the app has closed.
         if let Some(conn) = self.idle_own.take() {
-            match self.exchange_on(conn, &head, &method, &mut headers).await {
+            match self
+                .exchange_on(conn, &head, &body, &method, &mut headers)
+                .await
+            {
                 Err(err) if again && err.is_dropped_connection() => {
                     tracing::debug!(error = %err, "the app dropped the connection; sending again");
                     headers.clear();
@@ -149,21 +154,28 @@ impl Upstream {
             }
         }
         let (tcp, local) = self.dial_keepalive().await?;
-        self.exchange_on(AppConn::new(tcp, local), &head, &method, &mut headers)
-            .await
+        self.exchange_on(
+            AppConn::new(tcp, local),
+            &head,
+            &body,
+            &method,
+            &mut headers,
+        )
+        .await
     }
 
-    /// Sends `head` on `conn` and answers with the app's response (its
+    /// Sends `head` and `body` on `conn` and answers with the app's response (its
     /// header map `headers`), whose body reads the rest and hands the
     /// connection back.
     async fn exchange_on(
         &self,
         mut conn: AppConn,
         head: &[u8],
+        body: &[u8],
         method: &Method,
         headers: &mut HeaderMap,
     ) -> Result<Response<Body>, UpstreamError> {
-        let parsed = match h1::exchange(&mut conn, head, method, headers).await {
+        let parsed = match h1::exchange(&mut conn, head, body, method, headers).await {
             Ok(parsed) => parsed,
             Err(err) => return Err(self.exchange_error(err, &conn)),
         };
@@ -252,11 +264,13 @@ impl Upstream {
 }
 
 /// An HTTP/1.1 request that asks for no upgrade and whose body, if any, is
-/// all here, made ready for [`Upstream::send_whole`]: its head and body
-/// written out, its header map emptied for the response's.
+/// all here, made ready for [`Upstream::send_whole`]: its head written
+/// out, its header map emptied for the response's.
 #[derive(Debug)]
 pub(crate) struct WholeRequest {
     head: Vec<u8>,
+    /// The body, whole (empty for none).
+    body: Bytes,
     method: Method,
     headers: HeaderMap,
     /// It may be sent again, by Go's rule.
@@ -266,11 +280,7 @@ pub(crate) struct WholeRequest {
 impl WholeRequest {
     /// `req`, its URI in origin form and its `Host` set.
     pub(crate) fn new(req: Request<RequestBody>) -> Self {
-        let body = match req.body() {
-            RequestBody::Full(body) => body.len(),
-            _ => 0,
-        };
-        let mut head = Vec::with_capacity(256 + body);
+        let mut head = Vec::with_capacity(256);
         h1::encode(&req, &mut head);
         let again = replayable(&req);
         let (
@@ -281,14 +291,16 @@ impl WholeRequest {
             },
             body,
         ) = req.into_parts();
-        // The body follows its head in the same write, as hyper's client
-        // writes a body it has whole.
-        if let RequestBody::Full(body) = body {
-            head.extend_from_slice(&body);
-        }
+        // Written from where it is, after the head and in the same write,
+        // as hyper's client writes a body it has whole.
+        let body = match body {
+            RequestBody::Full(mut body) => body.take(),
+            _ => Bytes::new(),
+        };
         headers.clear();
         Self {
             head,
+            body,
             method,
             headers,
             again,
@@ -408,6 +420,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::common::body::WholeBody;
 
     /// Responses read one after another over one kept connection (into
     /// the memory it keeps, when nothing holds it) stay whole: those
@@ -524,7 +537,8 @@ mod tests {
         };
         let body = Bytes::from_static(b"{\"a\":\"b c\"}");
         let ours = received(|port| {
-            let req = Request::from_parts(parts(), RequestBody::Full(body.clone()));
+            let req =
+                Request::from_parts(parts(), RequestBody::Full(WholeBody::new(body.clone()).0));
             let whole = WholeRequest::new(req);
             assert!(!whole.again, "a request with a body is never sent again");
             async move {

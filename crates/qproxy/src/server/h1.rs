@@ -22,17 +22,24 @@
 //!   values joined on one line, `Content-Length: 0` for an empty body, a
 //!   `Date` when the response has none, `Connection: close` when the
 //!   connection is to close;
-//! - while a request is served the client's side is watched: a client
-//!   that closes its end abandons its request, which is dropped;
+//! - while a request is served the client's side is watched (once its
+//!   body, if any, has been read or let go of, as Go's server starts
+//!   watching when a body is read to its end): a client that closes its
+//!   end abandons its request, which is dropped;
 //! - a head's first bytes start its clock ([`super::head`]); a graceful
 //!   shutdown closes an idle connection and lets one in flight finish,
 //!   with `Connection: close`.
 //!
 //! A body served here is read on after its head for as long as its bytes
-//! are there already, into the same buffer, and handed to the service
-//! whole; hyper would stream the same bytes to it, so the service and the
-//! client see the same. A body that stops short (the client sends the
-//! rest later) goes to hyper with what came of it.
+//! are there already, into a buffer the request's size, and handed to the
+//! service whole; hyper would stream the same bytes to it. A body that
+//! stops short (the client sends the rest later) goes to hyper with what
+//! came of it. Such a request holds its bytes until the proxy has sent
+//! them, where hyper would leave most of them in the kernel's receive
+//! buffer until then: the same memory, counted in the process instead. A
+//! body the service does not read (an answer of qproxy's own) leaves the
+//! connection open for the next request, as Go's server does (hyper's
+//! closes it if one more read does not finish the body).
 //!
 //! Anything else (a chunked body, or one still on its way, larger or
 //! sent after `Expect: 100-continue`; an upgrade, `CONNECT`, HTTP/1.0, a
@@ -64,8 +71,10 @@ use tower::Service;
 
 use super::graceful::Watcher;
 use super::head::HeadClock;
-use crate::common::body::RequestBody;
-use crate::common::h1::{digits, ends_chunked, has_token, header_line, poll_read_into, title_case};
+use crate::common::body::{BodyRead, RequestBody, WholeBody};
+use crate::common::h1::{
+    digits, ends_chunked, has_token, header_line, poll_read_at_most, poll_read_into, title_case,
+};
 
 /// Header lines a head served here may have; one with more goes to hyper.
 const STACK_HEADERS: usize = 64;
@@ -124,23 +133,24 @@ where
         let mut started: Option<Instant> = None;
         // Bytes of this head have been read since the last response.
         let mut arrived = false;
-        let (req, keep_alive) = loop {
+        let (req, keep_alive, body_read) = loop {
             if !pending.is_empty() {
                 // `pending` keeps the memory after the head's, and the
                 // head's own once nothing holds it any more.
                 let raw = pending.split().freeze();
-                match parse(&raw, std::mem::take(&mut spare)) {
+                match parse(&raw, &mut spare) {
                     Parsed::Request {
                         req,
                         keep_alive,
                         len,
+                        body_read,
                     } => {
                         if raw.len() > len {
                             pending = BytesMut::from(&raw[len..]);
                         } else if raw.len() + pending.capacity() > KEEP_READ {
                             pending = BytesMut::new();
                         }
-                        break (req, keep_alive);
+                        break (req, keep_alive, body_read);
                     }
                     Parsed::Partial => {
                         // `pending` lets go first, so that the head's
@@ -151,16 +161,20 @@ where
                             .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
                     }
                     Parsed::Short { whole } => {
+                        // The request's memory, its size exactly: the
+                        // bytes the kernel holds until they are read.
                         drop(std::mem::take(&mut pending));
-                        pending = raw
-                            .try_into_mut()
-                            .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
+                        pending = BytesMut::with_capacity(whole);
+                        pending.extend_from_slice(&raw);
+                        drop(raw);
                         // The rest of the body is read on while it is
                         // there already; one that is still on its way is
                         // streamed by hyper, with what came of it.
                         while pending.len() < whole {
-                            let now =
-                                poll_fn(|cx| Poll::Ready(poll_read_into(io, &mut pending, cx)));
+                            let most = whole - pending.len();
+                            let now = poll_fn(|cx| {
+                                Poll::Ready(poll_read_at_most(io, &mut pending, most, cx))
+                            });
                             if !matches!(now.await, Poll::Ready(Ok(n)) if n > 0) {
                                 return Served::HandOff(pending.freeze());
                             }
@@ -202,20 +216,19 @@ where
         }
 
         let head = req.method() == Method::HEAD;
-        let served = exchange(io, &mut pending, service, req).await;
+        let served = exchange(io, &mut pending, service, req, body_read.as_ref()).await;
         let Some(res) = served else {
             return Served::Closed;
         };
         let keep_alive = keep_alive && !watcher.is_stopping();
-        let (parts, body) = res.into_parts();
         let responded = respond(
             io,
             &mut pending,
             &mut write_buf,
-            parts,
-            body,
+            res,
             head,
             keep_alive,
+            body_read.as_ref(),
         );
         let Ok(kept) = responded.await else {
             return Served::Closed;
@@ -232,13 +245,15 @@ where
 }
 
 /// Calls the service and waits for its response, watching the client as
-/// hyper does: a client that closes its end (or fails) abandons the
-/// request, and `None` is returned.
+/// hyper does (once the request's body, if any, has been read): a client
+/// that closes its end (or fails) abandons the request, and `None` is
+/// returned.
 async fn exchange<IO, S, B>(
     io: &mut IO,
     pending: &mut BytesMut,
     service: &mut S,
     req: Request<RequestBody>,
+    body_read: Option<&BodyRead>,
 ) -> Option<Response<B>>
 where
     IO: AsyncRead + Unpin,
@@ -249,15 +264,23 @@ where
         Err(never) => match never {},
     }
     let mut answer = pin!(service.call(req));
-    let mut watch = Watch::new(pending);
+    let mut watch = Watch::new(pending, body_read);
     poll_fn(|cx| {
         if watch.poll_gone(io, pending, cx).is_ready() {
             return Poll::Ready(None);
         }
-        answer.as_mut().poll(cx).map(|res| match res {
-            Ok(res) => Some(res),
-            Err(never) => match never {},
-        })
+        let unread = watch.waits_for_body();
+        if let Poll::Ready(res) = answer.as_mut().poll(cx) {
+            return Poll::Ready(match res {
+                Ok(res) => Some(res),
+                Err(never) => match never {},
+            });
+        }
+        // The body has just been read: the watch starts now.
+        if unread && !watch.waits_for_body() && watch.poll_gone(io, pending, cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     })
     .await
 }
@@ -270,16 +293,17 @@ async fn respond<IO, B>(
     io: &mut IO,
     pending: &mut BytesMut,
     write_buf: &mut Vec<u8>,
-    mut parts: http::response::Parts,
-    body: B,
+    res: Response<B>,
     head: bool,
     keep_alive: bool,
+    body_read: Option<&BodyRead>,
 ) -> Result<Option<HeaderMap>, ()>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     B: HttpBody<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let (mut parts, body) = res.into_parts();
     let length = if body.is_end_stream() {
         None
     } else {
@@ -301,7 +325,7 @@ where
     if length.is_none() || framing == Framing::Length(0) {
         body.set(None);
     }
-    let mut watch = Watch::new(pending);
+    let mut watch = Watch::new(pending, body_read);
     let written = poll_fn(|cx| {
         loop {
             if watch.poll_gone(io, pending, cx).is_ready() {
@@ -372,17 +396,27 @@ where
 }
 
 /// The client's side of a connection while a request is served: hyper
-/// reads it, when nothing of the next request has come yet, to notice a
-/// client that has gone.
-struct Watch {
+/// reads it, when nothing of the next request has come yet and the
+/// request's body has been read, to notice a client that has gone.
+struct Watch<'a> {
     watching: bool,
+    /// The request's body, read whole here: until the stack has read it,
+    /// the client is not watched, as hyper and Go do not watch it before
+    /// a body is read to its end.
+    body: Option<&'a BodyRead>,
 }
 
-impl Watch {
-    fn new(pending: &BytesMut) -> Self {
+impl<'a> Watch<'a> {
+    fn new(pending: &BytesMut, body: Option<&'a BodyRead>) -> Self {
         Self {
             watching: pending.is_empty(),
+            body,
         }
+    }
+
+    /// Whether the watch waits for the stack to read the body.
+    fn waits_for_body(&self) -> bool {
+        self.body.is_some_and(|b| !b.is_read())
     }
 
     /// Ready when the client has closed its end or the connection failed;
@@ -393,7 +427,7 @@ impl Watch {
         pending: &mut BytesMut,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
-        if !self.watching {
+        if !self.watching || self.waits_for_body() {
             return Poll::Pending;
         }
         match poll_read_into(io, pending, cx) {
@@ -418,6 +452,8 @@ enum Parsed {
         req: Request<RequestBody>,
         keep_alive: bool,
         len: usize,
+        /// Tells when the stack has read the body, if it has one.
+        body_read: Option<BodyRead>,
     },
     /// Not a whole head yet.
     Partial,
@@ -428,9 +464,10 @@ enum Parsed {
     Hyper,
 }
 
-/// Reads the request head at the start of `raw` into a request whose
-/// header values share `raw`, its header map `headers` (empty).
-fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
+/// Reads the request head at the start of `raw` (and its body, when it is
+/// served here) into a request whose header values share `raw`, its
+/// header map `spare` (empty), taken.
+fn parse(raw: &Bytes, spare: &mut HeaderMap) -> Parsed {
     let mut lines = [httparse::EMPTY_HEADER; STACK_HEADERS];
     let mut parsed = httparse::Request::new(&mut lines);
     let mut len = match parsed.parse(raw) {
@@ -453,6 +490,7 @@ fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
     let Ok(uri) = Uri::from_maybe_shared(raw.slice_ref(path.as_bytes())) else {
         return Parsed::Hyper;
     };
+    let mut headers = std::mem::take(spare);
     headers.reserve(parsed.headers.len());
     let mut keep_alive = true;
     let mut length = None;
@@ -477,6 +515,7 @@ fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
         }
         headers.append(name, value);
     }
+    let mut body_read = None;
     let body = match length {
         None | Some(0) => RequestBody::Empty,
         // hyper answers `Expect: 100-continue` as the body is first read.
@@ -485,10 +524,14 @@ fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
         Some(n) if n <= MAX_BODY as u64 => {
             let end = len + n as usize;
             if raw.len() < end {
+                // Parsed again once the body is here: the map is kept.
+                headers.clear();
+                *spare = headers;
                 return Parsed::Short { whole: end };
             }
-            let body = raw.slice(len..end);
+            let (body, read) = WholeBody::new(raw.slice(len..end));
             len = end;
+            body_read = Some(read);
             RequestBody::Full(body)
         }
         // hyper streams a larger one to the app as it comes.
@@ -502,6 +545,7 @@ fn parse(raw: &Bytes, mut headers: HeaderMap) -> Parsed {
         req,
         keep_alive,
         len,
+        body_read,
     }
 }
 
@@ -908,13 +952,31 @@ mod tests {
         body: Bytes,
     }
 
+    /// How the test service treats a request's body.
+    #[derive(Debug, Clone, Copy)]
+    enum Reading {
+        /// Reads it whole, then answers.
+        First,
+        /// Reads it whole, then waits half a second (paused time) to answer.
+        ThenWait,
+        /// Waits half a second, then answers without reading it.
+        Never,
+    }
+
     /// Sends `sent` to a main-port connection served by qproxy's server
     /// (`own`) or by hyper alone, whose service answers every request
-    /// with `answer`; closes the client's end after it when `hang_up`.
+    /// with `answer`, treating bodies as `reading` says; closes the
+    /// client's end after it when `hang_up`.
     /// Returns what came back until the connection closed or went quiet,
     /// with each `Date` masked, and the requests the service saw.
-    async fn run(own: bool, sent: &[u8], answer: Answer, hang_up: bool) -> (String, Vec<Seen>) {
-        let (mut client, server) = tokio::io::duplex(1 << 16);
+    async fn run_with(
+        own: bool,
+        sent: &[u8],
+        answer: Answer,
+        hang_up: bool,
+        reading: Reading,
+    ) -> (String, Vec<Seen>) {
+        let (mut client, server) = tokio::io::duplex(1 << 18);
         let graceful = GracefulShutdown::new();
         let builder = if own {
             main_builder()
@@ -928,11 +990,20 @@ mod tests {
             async move {
                 let (parts, body) = req.into_parts();
                 let length = body.size_hint().exact();
-                let body = body
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .unwrap_or_default();
+                let body = match reading {
+                    Reading::Never => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        Bytes::new()
+                    }
+                    Reading::First | Reading::ThenWait => body
+                        .collect()
+                        .await
+                        .map(|c| c.to_bytes())
+                        .unwrap_or_default(),
+                };
+                if let Reading::ThenWait = reading {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
                 record.lock().unwrap().push(Seen {
                     method: parts.method,
                     uri: parts.uri,
@@ -988,8 +1059,13 @@ mod tests {
     /// Runs `sent` both ways and checks that they agree; returns what
     /// came back.
     async fn same(sent: &[u8], answer: Answer, hang_up: bool) -> String {
-        let (ours, ours_seen) = run(true, sent, answer, hang_up).await;
-        let (hyper, hyper_seen) = run(false, sent, answer, hang_up).await;
+        same_with(sent, answer, hang_up, Reading::First).await
+    }
+
+    /// [`same`], the service treating bodies as `reading` says.
+    async fn same_with(sent: &[u8], answer: Answer, hang_up: bool, reading: Reading) -> String {
+        let (ours, ours_seen) = run_with(true, sent, answer, hang_up, reading).await;
+        let (hyper, hyper_seen) = run_with(false, sent, answer, hang_up, reading).await;
         assert_eq!(
             ours,
             hyper,
@@ -1194,9 +1270,9 @@ mod tests {
         let head = |extra: &str, length: usize| {
             format!("POST / HTTP/1.1\r\nHost: a\r\n{extra}Content-Length: {length}\r\n\r\n")
         };
-        let parsed = |sent: Vec<u8>| match parse(&Bytes::from(sent), HeaderMap::new()) {
+        let parsed = |sent: Vec<u8>| match parse(&Bytes::from(sent), &mut HeaderMap::new()) {
             Parsed::Request { req, len, .. } => match req.into_body() {
-                RequestBody::Full(body) => format!("whole {} of {len}", body.len()),
+                RequestBody::Full(mut body) => format!("whole {} of {len}", body.take().len()),
                 other => panic!("not a whole body: {other:?}"),
             },
             Parsed::Short { whole } => format!("short of {whole}"),
@@ -1265,6 +1341,38 @@ mod tests {
             );
             served.await.unwrap();
         }
+    }
+
+    /// A client that hangs up after its body abandons its request once the
+    /// body has been read (or let go of), as with Go's server, whose watch
+    /// for a hang-up starts when a body is read to its end: not while the
+    /// request waits (in the breaker's queue) with its body unread. (hyper's server
+    /// watches once it has read a body that fits one read itself, whoever
+    /// reads it.)
+    #[tokio::test(start_paused = true)]
+    async fn a_hang_up_after_a_body_counts_once_the_body_is_read() {
+        let sent = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello";
+        // The service ran to its end: the request was not abandoned while
+        // its body waited unread (its answer then finds the client gone).
+        let (_, seen) = run_with(true, sent, ANSWERS[1].1, true, Reading::Never).await;
+        assert_eq!(seen.len(), 1);
+        let abandoned = same_with(sent, ANSWERS[1].1, true, Reading::ThenWait).await;
+        assert_eq!(abandoned, "");
+    }
+
+    /// A body the service never reads leaves the connection open for the
+    /// next request, as Go's server leaves it (it reads up to 256 KiB of
+    /// an unread body to keep the connection); hyper's closes when one
+    /// more read does not finish the body.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_left_unread_keeps_the_connection_as_go_does() {
+        let mut sent = format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {MAX_BODY}\r\n\r\n")
+            .into_bytes();
+        sent.resize(sent.len() + MAX_BODY, b'b');
+        sent.extend_from_slice(GET);
+        let (got, seen) = run_with(true, &sent, ANSWERS[1].1, false, Reading::Never).await;
+        assert_eq!(got.matches("HTTP/1.1 200 OK").count(), 2, "{got:?}");
+        assert_eq!(seen.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
