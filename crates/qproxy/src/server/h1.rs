@@ -952,6 +952,34 @@ mod tests {
         body: Bytes,
     }
 
+    /// Serves `server` as a main-port connection, `builder`'s protocols
+    /// and `service` behind it, from accept.
+    fn spawn_connection<S, B>(
+        server: tokio::io::DuplexStream,
+        builder: super::super::conn::Protocols,
+        service: S,
+        graceful: &GracefulShutdown,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
+        tokio::spawn(connection(
+            server,
+            HeadClock::new(HEAD_TIMEOUT),
+            builder,
+            service,
+            graceful.watcher(),
+            Conn { remote },
+        ))
+    }
+
     /// How the test service treats a request's body.
     #[derive(Debug, Clone, Copy)]
     enum Reading {
@@ -1019,15 +1047,7 @@ mod tests {
                 Ok::<_, Infallible>(answer())
             }
         });
-        let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
-        tokio::spawn(connection(
-            server,
-            HeadClock::new(HEAD_TIMEOUT),
-            builder,
-            service,
-            graceful.watcher(),
-            Conn { remote },
-        ));
+        spawn_connection(server, builder, service, &graceful);
         client.write_all(sent).await.unwrap();
         if hang_up {
             client.shutdown().await.unwrap();
@@ -1317,15 +1337,7 @@ mod tests {
                 assert_eq!(served, whole, "a body of {size} bytes served here");
                 Ok::<_, Infallible>(with(200, &[], body("ok")))
             });
-            let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
-            let served = tokio::spawn(connection(
-                server,
-                HeadClock::new(HEAD_TIMEOUT),
-                main_builder(),
-                service,
-                graceful.watcher(),
-                Conn { remote },
-            ));
+            let served = spawn_connection(server, main_builder(), service, &graceful);
             let mut sent = format!(
                 "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
             )
@@ -1416,15 +1428,7 @@ mod tests {
                 }
                 async { Ok::<_, Infallible>(with(200, &[], body("ok"))) }
             });
-            let remote = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 1);
-            tokio::spawn(connection(
-                server,
-                HeadClock::new(HEAD_TIMEOUT),
-                main_builder(),
-                service,
-                graceful.watcher(),
-                Conn { remote },
-            ));
+            spawn_connection(server, main_builder(), service, &graceful);
             let mut expected = Vec::new();
             for (i, pad) in [10, 300, 40, 1_500, 3_000, 20, 900].into_iter().enumerate() {
                 let value = char::from(b'a' + i as u8).to_string().repeat(pad);
