@@ -185,7 +185,7 @@ enum Chunk {
 }
 
 /// Sends `head` (from [`encode`]) and `body` (whole, the length its head
-/// gives; empty for none) on `conn`, in one write when the socket takes
+/// gives; empty for none; let go of once written) on `conn`, in one write when the socket takes
 /// them, and reads the response's head,
 /// its header map `headers` (empty; taken for the head, left otherwise);
 /// what came after the head stays in the connection's buffer, for the
@@ -196,11 +196,14 @@ enum Chunk {
 pub(crate) async fn exchange(
     conn: &mut AppConn,
     head: &[u8],
-    body: &[u8],
+    body: Bytes,
     method: &Method,
     headers: &mut HeaderMap,
 ) -> Result<Head, ExchangeError> {
-    write_all_both(&mut conn.tcp, head, body).await?;
+    write_all_both(&mut conn.tcp, head, &body).await?;
+    // Written: its memory (the client's read buffer) goes now, not when
+    // the app answers.
+    drop(body);
     let mut reads = 0;
     loop {
         if !conn.buf.is_empty() {

@@ -126,8 +126,8 @@ impl Upstream {
     }
 
     /// Sends a request asking for no upgrade, whose body (if any) is
-    /// whole, with qproxy's own client; the response body hands the connection back
-    /// once read. The rules for idle connections and for sending again are
+    /// whole, with qproxy's own client; the response body hands the
+    /// connection back once read. The rules for idle connections and for sending again are
     /// those of [`Upstream::send_http1`].
     pub(crate) async fn send_whole(
         &self,
@@ -135,15 +135,23 @@ impl Upstream {
     ) -> Result<http::Response<Body>, UpstreamError> {
         let WholeRequest {
             head,
-            body,
+            mut body,
             method,
             mut headers,
             again,
         } = req;
         // `take` passes over the idle connections the app has closed.
         if let Some(conn) = self.idle_own.take() {
+            // Only a request without a body is sent again: the body goes
+            // with the first try.
             match self
-                .exchange_on(conn, &head, &body, &method, &mut headers)
+                .exchange_on(
+                    conn,
+                    &head,
+                    std::mem::take(&mut body),
+                    &method,
+                    &mut headers,
+                )
                 .await
             {
                 Err(err) if again && err.is_dropped_connection() => {
@@ -154,14 +162,8 @@ impl Upstream {
             }
         }
         let (tcp, local) = self.dial_keepalive().await?;
-        self.exchange_on(
-            AppConn::new(tcp, local),
-            &head,
-            &body,
-            &method,
-            &mut headers,
-        )
-        .await
+        self.exchange_on(AppConn::new(tcp, local), &head, body, &method, &mut headers)
+            .await
     }
 
     /// Sends `head` and `body` on `conn` and answers with the app's response (its
@@ -171,7 +173,7 @@ impl Upstream {
         &self,
         mut conn: AppConn,
         head: &[u8],
-        body: &[u8],
+        body: Bytes,
         method: &Method,
         headers: &mut HeaderMap,
     ) -> Result<Response<Body>, UpstreamError> {

@@ -23,9 +23,9 @@
 //!   `Date` when the response has none, `Connection: close` when the
 //!   connection is to close;
 //! - while a request is served the client's side is watched (once its
-//!   body, if any, has been read or let go of, as Go's server starts
-//!   watching when a body is read to its end): a client that closes its
-//!   end abandons its request, which is dropped;
+//!   body, if any, has been taken by the proxy to send, or let go of, as
+//!   Go's server starts watching when a body is read to its end): a
+//!   client that closes its end abandons its request, which is dropped;
 //! - a head's first bytes start its clock ([`super::head`]); a graceful
 //!   shutdown closes an idle connection and lets one in flight finish,
 //!   with `Connection: close`.
@@ -34,9 +34,10 @@
 //! are there already, into a buffer the request's size, and handed to the
 //! service whole; hyper would stream the same bytes to it. A body that
 //! stops short (the client sends the rest later) goes to hyper with what
-//! came of it. Such a request holds its bytes until the proxy has sent
-//! them, where hyper would leave most of them in the kernel's receive
-//! buffer until then: the same memory, counted in the process instead. A
+//! came of it. Such a request holds its bytes until the proxy has written
+//! them to the app, where hyper would leave most of them in the kernel's
+//! receive buffer until then: the same memory, counted in the process
+//! instead. A
 //! body the service does not read (an answer of qproxy's own) leaves the
 //! connection open for the next request, as Go's server does (hyper's
 //! closes it if one more read does not finish the body).
@@ -401,8 +402,10 @@ where
 struct Watch<'a> {
     watching: bool,
     /// The request's body, read whole here: until the stack has read it,
-    /// the client is not watched, as hyper and Go do not watch it before
-    /// a body is read to its end.
+    /// the client is not watched, as Go does not watch it before a body is
+    /// read to its end. (The body is read in the connection's own task,
+    /// which polls the watch again after it: a body read in another task
+    /// would start the watch only at the next wake-up.)
     body: Option<&'a BodyRead>,
 }
 
@@ -1358,7 +1361,7 @@ mod tests {
     /// A client that hangs up after its body abandons its request once the
     /// body has been read (or let go of), as with Go's server, whose watch
     /// for a hang-up starts when a body is read to its end: not while the
-    /// request waits (in the breaker's queue) with its body unread. (hyper's server
+    /// request waits (as in the breaker's queue) with its body unread. (hyper's server
     /// watches once it has read a body that fits one read itself, whoever
     /// reads it.)
     #[tokio::test(start_paused = true)]
