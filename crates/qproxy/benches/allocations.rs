@@ -3,10 +3,10 @@
 //! qproxy serves in this process on a thread of its own, one thread as in a
 //! pod, and only that thread's allocations are counted (an allocation group
 //! of `tracking-allocator`); the app and the client run on other threads.
-//! Each case sends plain HTTP/1.1 `GET`s (or `POST`s of a 1 KiB body, as
-//! events come) over one kept-alive connection, warms up, then divides the allocations of the measured requests by
-//! their number. The periodic work of the sidecar (the stats report, once a
-//! second) is counted too, spread over the requests.
+//! Each case sends plain HTTP/1.1 `GET`s (or `POST`s of a 1 KiB body, as events
+//! come) over one kept-alive connection, warms up, then divides the allocations
+//! of the measured requests by their number. The periodic work of the sidecar
+//! (the stats report, once a second) is counted too, spread over the requests.
 //!
 //!     cargo bench -p qproxy --bench allocations
 //!

@@ -2,22 +2,21 @@
 //! that make most traffic: those that ask for no upgrade and have no body,
 //! or one read whole already.
 //!
-//! hyper's client connection runs as a task of its own and takes each
-//! request through a channel; its buffers stay with the connection while
-//! it is idle. Here the request's own task writes the request head (and
-//! body) in one write, reads the response head into a buffer the size of what came,
-//! and the response body ([`AppBody`]) reads the rest from the socket
-//! itself. An idle connection ([`AppConn`]) keeps that buffer only when
-//! the response came in one read (at most 4 KiB), and reads the next into
-//! it once nothing else holds it. The request's header map becomes the
-//! response's, so a request costs no header map. The rules
-//! are hyper's (and so what the app saw before): the head's header names
-//! in title case, `100`-`199` answers but `101` skipped, the body framed
-//! by the response's status, the request's method, `Transfer-Encoding`
-//! and `Content-Length` (RFC 9112 §6.3), a connection reused only when
-//! the response said nothing against it and was read whole with nothing
-//! after it. A response head that is not HTTP fails with hyper's words for
-//! it, which the proxy wraps in Go's transport's text.
+//! hyper's client connection runs as a task of its own and takes each request
+//! through a channel; its buffers stay with the connection while it is idle.
+//! Here the request's own task writes the request head (and body) in one write,
+//! reads the response head into a buffer the size of what came, and the
+//! response body ([`AppBody`]) reads the rest from the socket itself. An idle
+//! connection ([`AppConn`]) keeps that buffer only when the response came in
+//! one read (at most 4 KiB), and reads the next into it once nothing else holds
+//! it. The request's header map becomes the response's, so a request costs no
+//! header map. The rules are hyper's (and so what the app saw before): the
+//! head's header names in title case, `100`-`199` answers but `101` skipped,
+//! the body framed by the response's status, the request's method,
+//! `Transfer-Encoding` and `Content-Length` (RFC 9112 §6.3), a connection
+//! reused only when the response said nothing against it and was read whole
+//! with nothing after it. A response head that is not HTTP fails with hyper's words for it,
+//! which the proxy wraps in Go's transport's text.
 //!
 //! Requests whose body streams, upgrades and `CONNECT` go through hyper,
 //! whose connections are kept apart from these.
@@ -184,12 +183,11 @@ enum Chunk {
     Trailers,
 }
 
-/// Sends `head` (from [`encode`]) and `body` (whole, the length its head
-/// gives; empty for none; let go of once written) on `conn`, in one write when the socket takes
-/// them, and reads the response's head,
-/// its header map `headers` (empty; taken for the head, left otherwise);
-/// what came after the head stays in the connection's buffer, for the
-/// body. `method` frames the body.
+/// Sends `head` (from [`encode`]) and `body` (whole, the length its head gives;
+/// empty for none; let go of once written) on `conn`, in one write when the
+/// socket takes them, and reads the response's head, its header map `headers`
+/// (empty; taken for the head, left otherwise); what came after the head stays
+/// in the connection's buffer, for the body. `method` frames the body.
 ///
 /// Each read lands on the stack and is copied into the buffer, which so
 /// grows only by what came.

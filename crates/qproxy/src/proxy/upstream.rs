@@ -125,9 +125,9 @@ impl Upstream {
         }
     }
 
-    /// Sends a request asking for no upgrade, whose body (if any) is
-    /// whole, with qproxy's own client; the response body hands the
-    /// connection back once read. The rules for idle connections and for sending again are
+    /// Sends a request asking for no upgrade, whose body (if any) is whole,
+    /// with qproxy's own client; the response body hands the connection back
+    /// once read. The rules for idle connections and for sending again are
     /// those of [`Upstream::send_http1`].
     pub(crate) async fn send_whole(
         &self,
@@ -166,8 +166,8 @@ impl Upstream {
             .await
     }
 
-    /// Sends `head` and `body` on `conn` and answers with the app's response (its
-    /// header map `headers`), whose body reads the rest and hands the
+    /// Sends `head` and `body` on `conn` and answers with the app's response
+    /// (its header map `headers`), whose body reads the rest and hands the
     /// connection back.
     async fn exchange_on(
         &self,

@@ -30,25 +30,23 @@
 //!   shutdown closes an idle connection and lets one in flight finish,
 //!   with `Connection: close`.
 //!
-//! A body served here is read on after its head for as long as its bytes
-//! are there already, into a buffer the request's size, and handed to the
-//! service whole; hyper would stream the same bytes to it. A body that
-//! stops short (the client sends the rest later) goes to hyper with what
-//! came of it. Such a request holds its bytes until the proxy has written
-//! them to the app, where hyper would leave most of them in the kernel's
-//! receive buffer until then: the same memory, counted in the process
-//! instead. A
-//! body the service does not read (an answer of qproxy's own) leaves the
-//! connection open for the next request, as Go's server does (hyper's
-//! closes it if one more read does not finish the body).
+//! A body served here is read on after its head for as long as its bytes are
+//! there already, into a buffer the request's size, and handed to the service
+//! whole; hyper would stream the same bytes to it. A body that stops short (the
+//! client sends the rest later) goes to hyper with what came of it. Such a
+//! request holds its bytes until the proxy has written them to the app, where
+//! hyper would leave most of them in the kernel's receive buffer until then:
+//! the same memory, counted in the process instead. A body the service does not
+//! read (an answer of qproxy's own) leaves the connection open for the next
+//! request, as Go's server does (hyper's closes it if one more read does not
+//! finish the body).
 //!
-//! Anything else (a chunked body, or one still on its way, larger or
-//! sent after `Expect: 100-continue`; an upgrade, `CONNECT`, HTTP/1.0, a
-//! `TE` header, a head this module does not take whole, one that is not
-//! HTTP) is handed to
-//! hyper with the bytes read so far, and hyper serves the connection from
-//! then on: its answers to bad requests (`400`, `414`, `431`) are the
-//! ones clients have always had.
+//! Anything else (a chunked body, or one still on its way, larger or sent after
+//! `Expect: 100-continue`; an upgrade, `CONNECT`, HTTP/1.0, a `TE` header, a
+//! head this module does not take whole, one that is not HTTP) is handed to
+//! hyper with the bytes read so far, and hyper serves the connection from then
+//! on: its answers to bad requests (`400`, `414`, `431`) are the ones clients
+//! have always had.
 
 use std::cell::RefCell;
 use std::convert::Infallible;
@@ -1358,12 +1356,12 @@ mod tests {
         }
     }
 
-    /// A client that hangs up after its body abandons its request once the
-    /// body has been read (or let go of), as with Go's server, whose watch
-    /// for a hang-up starts when a body is read to its end: not while the
-    /// request waits (as in the breaker's queue) with its body unread. (hyper's server
-    /// watches once it has read a body that fits one read itself, whoever
-    /// reads it.)
+    /// A client that hangs up after its body abandons its request once the body
+    /// has been read (or let go of), as with Go's server, whose watch for a
+    /// hang-up starts when a body is read to its end: not while the request
+    /// waits (as in the breaker's queue) with its body unread. (hyper's server
+    /// watches once it has read a body that fits one read itself, whoever reads
+    /// it.)
     #[tokio::test(start_paused = true)]
     async fn a_hang_up_after_a_body_counts_once_the_body_is_read() {
         let sent = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello";
