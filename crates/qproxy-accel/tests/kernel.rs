@@ -29,8 +29,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The checks of the gate that the kernels these tests run on fail, each
 /// a known kernel bug (docs/accel.md): this machine's 6.18.44 fails
 /// `fionread-tcp` (commit 929e30f93125 without a fix) and `blocking-read`;
-/// Debian's 6.1, which scripts/accel-vm runs them on, fails
-/// `fionread-redirected` and `blocking-read`. The gate refuses such a
+/// of the kernels scripts/accel-vm runs them on, Debian's 6.1 fails
+/// `fionread-redirected` and `blocking-read`, and Debian's 6.12 (with the
+/// commit and its fix) `blocking-read` alone. The gate refuses such a
 /// kernel; the tests of the accelerated path accept these failures
 /// explicitly, as an operator whose apps neither size their reads with
 /// FIONREAD nor read from blocking sockets may. On a kernel that passes,
