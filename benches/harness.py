@@ -32,6 +32,8 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = os.path.join(ROOT, "benches")
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+import oci_image  # noqa: E402  (the image's environment, which qproxy runs with here too)
 TICK = os.sysconf("SC_CLK_TCK")
 HELLO = b"Hello World!\n"
 
@@ -257,6 +259,8 @@ class Contender:
             env = knative_env(app_port, self.port, self.cc, metrics=(name != "qproxy-nometrics"))
             env.update(QPROXY_ADMIN_PORT="0", QPROXY_STATS_PORT="0", QPROXY_METRICS_PORT="0",
                        QPROXY_DRAIN_QUIET_SECONDS="0")
+            # As the image runs it (glibc's heap settings).
+            env.update(kv.split("=", 1) for kv in oci_image.IMAGES["qproxy"].get("env", []))
             if self.tls:
                 env.update(QUEUE_SERVING_TLS_PORT=str(self.tls_port), QPROXY_CERT_DIR=self.bins["certs"])
             if name == "qproxy":
@@ -902,7 +906,8 @@ def main():
               f"{args.rounds} rounds alternating contenders (each round starting one later), {args.seconds} s per load, medians; pinned: proxy on "
               f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker, HAProxy one thread); unpinned: "
               f"no affinity. `qproxy` runs with Knative's default request metrics (Prometheus) on, "
-              f"`qproxy-nometrics` with them off. Pictures, one per load, every contender: "
+              f"`qproxy-nometrics` with them off; every qproxy with the image's environment (glibc's heap "
+              f"settings). Pictures, one per load, every contender: "
               f"{', '.join(pictures)}.\n\n")
     path = os.path.join(BENCHES, "RESULTS.md")
     with open(path) as f:
