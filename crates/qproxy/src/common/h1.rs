@@ -15,8 +15,8 @@
 //! the body framed by the response's status, the request's method,
 //! `Transfer-Encoding` and `Content-Length` (RFC 9112 §6.3), a connection
 //! reused only when the response said nothing against it and was read whole
-//! with nothing after it. A response head that is not HTTP fails with hyper's words for it,
-//! which the proxy wraps in Go's transport's text.
+//! with nothing after it. A response head that is not HTTP fails with hyper's
+//! words for it, which the proxy wraps in Go's transport's text.
 //!
 //! Requests whose body streams, upgrades and `CONNECT` go through hyper,
 //! whose connections are kept apart from these.
