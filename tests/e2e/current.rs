@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{Metric, metric};
 use qproxy_test_support::collector::{MetricBatches, OtlpCollector, Span, otlp_grpc, trace_spans};
@@ -81,14 +82,19 @@ fn measured(text: &str) -> f64 {
 /// The requests of the metrics mix.
 const MIX: usize = 7;
 
-/// Scrapes `metrics` until `requests` requests are measured.
+/// Scrapes `metrics` until `requests` requests are measured and two
+/// scrapes in a row read the same: a request's instruments are recorded
+/// one after another, and a scrape can fall between them.
 async fn scrape_measured(metrics: SocketAddr, requests: usize) -> String {
     let deadline = Instant::now() + DEADLINE;
+    let mut before = Vec::new();
     loop {
         let text = scrape(metrics).await;
-        if measured(&text) >= requests as f64 {
+        let now = stable_lines(&text);
+        if measured(&text) >= requests as f64 && now == before {
             return text;
         }
+        before = now;
         assert!(
             Instant::now() < deadline,
             "{requests} requests were not measured: {text}"
@@ -169,11 +175,15 @@ async fn hosts_past_go_s_cardinality_limit_share_its_overflow_series() {
 /// (scope, name), its description, unit and kind, its buckets, and per
 /// point its attributes and count (or value).
 fn metric_shape(batches: &MetricBatches, main: u16) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
     let guard = batches.lock().unwrap();
-    let Some(batch) = guard.last() else {
-        return out;
-    };
+    guard
+        .last()
+        .map_or_else(BTreeMap::new, |batch| export_shape(batch, main))
+}
+
+/// [`metric_shape`] of one export.
+fn export_shape(batch: &ExportMetricsServiceRequest, main: u16) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
     for rm in &batch.resource_metrics {
         for sm in &rm.scope_metrics {
             let scope = sm
@@ -270,13 +280,22 @@ fn metrics_resource(batches: &MetricBatches) -> BTreeMap<String, String> {
 }
 
 /// Waits until `collector` has an export in which `requests` requests
-/// are measured.
+/// are measured and which is the same as the export before it.
+///
+/// A request's instruments are recorded one after another, so an export
+/// can fall between them: its server duration already counts the last
+/// request while its body sizes do not yet. Two equal exports in a row
+/// mean every instrument has caught up.
 async fn exported(collector: &OtlpCollector, requests: usize) {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let measured: u64 = {
+        let (measured, settled): (u64, bool) = {
             let guard = collector.metrics.lock().unwrap();
-            guard
+            let settled = match guard.as_slice() {
+                [.., before, last] => export_shape(before, 0) == export_shape(last, 0),
+                _ => false,
+            };
+            let measured = guard
                 .last()
                 .into_iter()
                 .flat_map(|b| &b.resource_metrics)
@@ -287,14 +306,15 @@ async fn exported(collector: &OtlpCollector, requests: usize) {
                     Some(metric::Data::Histogram(h)) => h.data_points.iter().map(|p| p.count).sum(),
                     _ => 0,
                 })
-                .sum()
+                .sum();
+            (measured, settled)
         };
-        if measured >= requests as u64 {
+        if measured >= requests as u64 && settled {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{requests} requests were not exported"
+            "{requests} requests were not exported, or the exports did not settle"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
