@@ -11,7 +11,9 @@
 use http::{HeaderMap, HeaderValue, Request};
 
 use super::Rewrite;
-use crate::common::headers::{FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::common::headers::{
+    FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, first_values,
+};
 
 /// The shim as a [`Rewrite`]: apply it with
 /// [`RewriteLayer`](super::RewriteLayer).
@@ -34,18 +36,19 @@ pub fn shim(headers: &mut HeaderMap) {
 /// The `Forwarded` value Knative would synthesise for these headers, or
 /// `None` when there is a `Forwarded` header already or no `X-Forwarded-*`.
 pub(crate) fn synthesize(headers: &HeaderMap) -> Option<HeaderValue> {
-    let first = |name| {
-        headers
-            .get(name)
-            .map(HeaderValue::as_bytes)
-            .unwrap_or_default()
-    };
-    if !first(FORWARDED).is_empty() {
+    let [forwarded, xff, xfp, xfh] = first_values(
+        headers,
+        [
+            &FORWARDED,
+            &X_FORWARDED_FOR,
+            &X_FORWARDED_PROTO,
+            &X_FORWARDED_HOST,
+        ],
+    )
+    .map(|v| v.map(HeaderValue::as_bytes).unwrap_or_default());
+    if !forwarded.is_empty() {
         return None;
     }
-    let xff = first(X_FORWARDED_FOR);
-    let xfp = first(X_FORWARDED_PROTO);
-    let xfh = first(X_FORWARDED_HOST);
     if xff.is_empty() && xfp.is_empty() && xfh.is_empty() {
         return None;
     }

@@ -26,7 +26,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::common::body::Body;
-use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE, KUBE_PROBE_UA_PREFIX};
+use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE, KUBE_PROBE_UA_PREFIX, first_values};
 use crate::common::reply::{Answering, http_error, text};
 use crate::drain::Drainer;
 use crate::readiness::Readiness;
@@ -84,13 +84,11 @@ enum Kind {
 }
 
 fn kind(headers: &HeaderMap) -> Kind {
-    let ua = headers.get(USER_AGENT).map_or(&b""[..], |v| v.as_bytes());
+    let [ua, network] = first_values(headers, [&USER_AGENT, &K_NETWORK_PROBE]);
+    let ua = ua.map_or(&b""[..], |v| v.as_bytes());
     if HEALTH_CHECK_UA_PREFIXES.iter().any(|p| ua.starts_with(p)) {
         Kind::HealthCheck
-    } else if headers
-        .get(K_NETWORK_PROBE)
-        .is_some_and(|v| v.as_bytes() == PROBE)
-    {
+    } else if network.is_some_and(|v| v.as_bytes() == PROBE) {
         Kind::NetworkProbe
     } else {
         Kind::Other

@@ -6,12 +6,12 @@
 //! non-empty `K-Original-Host` becomes the request's host and is removed.
 //! Kubelet probes are left untouched, as Knative's proxy handler skips them.
 
-use http::header::HOST;
+use http::header::{HOST, USER_AGENT};
 use http::uri::Uri;
 use http::{HeaderMap, Request};
 
 use super::Rewrite;
-use crate::common::headers::{K_ORIGINAL_HOST, is_kubelet_probe};
+use crate::common::headers::{K_KUBELET_PROBE, K_ORIGINAL_HOST, first_values, kubelet_probe};
 
 /// The rewrite as a [`Rewrite`], skipping kubelet probes: apply it with
 /// [`RewriteLayer`](super::RewriteLayer).
@@ -20,7 +20,13 @@ pub(crate) struct HostRewrite;
 
 impl Rewrite for HostRewrite {
     fn rewrite<B>(&self, req: &mut Request<B>) {
-        if !is_kubelet_probe(req.headers()) {
+        let [ua, kubelet, original] = first_values(
+            req.headers(),
+            [&USER_AGENT, &K_KUBELET_PROBE, &K_ORIGINAL_HOST],
+        );
+        // Most requests carry no `K-Original-Host`: one pass over the
+        // fields tells, with no lookup.
+        if original.is_some() && !kubelet_probe(ua, kubelet) {
             rewrite(req);
         }
     }

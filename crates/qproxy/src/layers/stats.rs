@@ -15,7 +15,9 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::common::body::{Guarded, GuardedFuture, Settle};
-use crate::common::headers::{K_PROXY_REQUEST, is_kubelet_probe};
+use http::header::USER_AGENT;
+
+use crate::common::headers::{K_KUBELET_PROBE, K_PROXY_REQUEST, first_values, kubelet_probe};
 
 /// The `K-Proxy-Request` value of requests the activator forwards.
 const ACTIVATOR: &str = "activator";
@@ -68,11 +70,12 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let guard = (!is_kubelet_probe(req.headers())).then(|| {
-            let proxied = req
-                .headers()
-                .get(K_PROXY_REQUEST)
-                .is_some_and(|v| v == ACTIVATOR);
+        let [ua, kubelet, proxied] = first_values(
+            req.headers(),
+            [&USER_AGENT, &K_KUBELET_PROBE, &K_PROXY_REQUEST],
+        );
+        let guard = (!kubelet_probe(ua, kubelet)).then(|| {
+            let proxied = proxied.is_some_and(|v| v == ACTIVATOR);
             InFlight::enter(self.stats.clone(), self.clock, proxied)
         });
         GuardedFuture::new(self.inner.call(req), guard)

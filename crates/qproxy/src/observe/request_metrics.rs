@@ -103,6 +103,11 @@ struct Inner {
     /// The series of requests whose route tag Knative cannot use as a
     /// label, and of those past [`MAX_TAGGED_SERIES`].
     untagged: OnceLock<Arc<Series>>,
+    /// The series of almost every request, kept aside so that finding it
+    /// hashes nothing and takes no lock: `200` on the default route
+    /// (`DISABLED`), and the app's `200`.
+    revision_ok: OnceLock<Arc<Series>>,
+    app_ok: OnceLock<Arc<Series>>,
 }
 
 /// Series of one status code, by route tag.
@@ -176,14 +181,37 @@ impl RequestMetrics {
                 app: RwLock::new(HashMap::new()),
                 queue_depth: OnceLock::new(),
                 untagged: OnceLock::new(),
+                revision_ok: OnceLock::new(),
+                app_ok: OnceLock::new(),
             }),
         }
     }
 
     /// The series a request of `scope` answered with `status` (and routed
     /// by `route_tag`, for [`Scope::Revision`]) is counted in. Looking up a
-    /// series in use takes a read lock and allocates nothing.
+    /// series in use takes a read lock and allocates nothing; the
+    /// series of a `200` on the default route, or of the app's `200`, not
+    /// even that.
     pub(crate) fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
+        let inner = &self.inner;
+        let hot = match scope {
+            _ if status != 200 => None,
+            Scope::Revision if route_tag == DEFAULT_ROUTE_TAG => Some(&inner.revision_ok),
+            Scope::Revision => None,
+            Scope::App => Some(&inner.app_ok),
+        };
+        match hot {
+            // The same series the maps hold (or, past the cap, the
+            // untagged one): neither map ever forgets an entry.
+            Some(hot) => hot
+                .get_or_init(|| self.find_series(scope, status, route_tag))
+                .clone(),
+            None => self.find_series(scope, status, route_tag),
+        }
+    }
+
+    /// [`Self::series`], looked up in (or added to) the maps.
+    fn find_series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
         let inner = &self.inner;
         match scope {
             Scope::Revision if !is_label_value(route_tag) => inner.untagged(),
@@ -327,18 +355,23 @@ fn is_label_value(value: &str) -> bool {
     value.len() <= 255 && value.bytes().all(|b| (b' '..=b'~').contains(&b))
 }
 
+/// The route tag label of a request that names no route: what almost
+/// every request is counted under.
+const DEFAULT_ROUTE_TAG: &str = "DISABLED";
+
 /// The route tag label of a request, as Knative names it; allocates only
 /// for a named tag.
 pub(crate) fn route_tag(headers: &http::HeaderMap) -> Cow<'static, str> {
-    use crate::common::headers::{KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG};
-    let tag = headers
-        .get(KNATIVE_SERVING_TAG)
-        .map_or(&b""[..], |v| v.as_bytes());
-    let default_route = headers
-        .get(KNATIVE_SERVING_DEFAULT_ROUTE)
-        .map_or(&b""[..], |v| v.as_bytes());
+    use crate::common::headers::{
+        KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG, first_values,
+    };
+    let [tag, default_route] = first_values(
+        headers,
+        [&KNATIVE_SERVING_TAG, &KNATIVE_SERVING_DEFAULT_ROUTE],
+    )
+    .map(|v| v.map_or(&b""[..], |v| v.as_bytes()));
     match (tag.is_empty(), default_route) {
-        (true, b"") => Cow::Borrowed("DISABLED"),
+        (true, b"") => Cow::Borrowed(DEFAULT_ROUTE_TAG),
         (true, _) => Cow::Borrowed("DEFAULT"),
         (false, b"true") => Cow::Borrowed("UNDEFINED"),
         (false, _) => Cow::Owned(String::from_utf8_lossy(tag).into_owned()),
@@ -394,6 +427,24 @@ mod tests {
         let text = m.render();
         assert!(text.contains("response_code=\"\",response_code_class=\"\",revision_name=\"hello-00001\",route_tag=\"\",service_name=\"unknown\"} 1\n"), "{text}");
         assert!(!text.contains("route_tag=\"new\""), "{text}");
+    }
+
+    #[test]
+    fn the_default_route_s_200_is_the_series_the_maps_hold() {
+        let m = RequestMetrics::new(&revision());
+        for (scope, tag) in [(Scope::Revision, "DISABLED"), (Scope::App, "")] {
+            let hot = m.series(scope, 200, tag);
+            assert!(Arc::ptr_eq(&hot, &m.series(scope, 200, tag)));
+            assert!(Arc::ptr_eq(&hot, &m.find_series(scope, 200, tag)));
+        }
+        // Past the cap, it is the untagged series, as the maps would give.
+        let full = RequestMetrics::new(&revision());
+        for i in 0..MAX_TAGGED_SERIES {
+            full.series(Scope::Revision, 200, &format!("t{i}"));
+        }
+        let untagged = full.series(Scope::Revision, 200, &"x".repeat(256));
+        let hot = full.series(Scope::Revision, 200, "DISABLED");
+        assert!(Arc::ptr_eq(&hot, &untagged));
     }
 
     #[test]
