@@ -139,7 +139,10 @@ mod tests {
 
     #[test]
     fn probes_are_told_by_their_fields() {
-        assert!(is_kubelet_probe(&header_map(&[("user-agent", "kube-probe/1")])));
+        assert!(is_kubelet_probe(&header_map(&[(
+            "user-agent",
+            "kube-probe/1"
+        )])));
         assert!(is_kubelet_probe(&header_map(&[("k-kubelet-probe", "1")])));
         assert!(!is_kubelet_probe(&header_map(&[("k-kubelet-probe", "")])));
         assert!(!is_kubelet_probe(&header_map(&[("user-agent", "curl")])));

@@ -11,12 +11,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
+use http::header::USER_AGENT;
 use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::common::body::{Guarded, GuardedFuture, Settle};
-use http::header::USER_AGENT;
-
 use crate::common::headers::{K_KUBELET_PROBE, K_PROXY_REQUEST, first_values, kubelet_probe};
 
 /// The `K-Proxy-Request` value of requests the activator forwards.
