@@ -289,7 +289,7 @@ fn metrics_resource(batches: &MetricBatches) -> BTreeMap<String, String> {
 async fn exported(collector: &OtlpCollector, requests: usize) {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let (measured, settled): (u64, bool) = {
+        let settled = {
             let guard = collector.metrics.lock().unwrap();
             let measured: u64 = guard
                 .last()
@@ -304,14 +304,13 @@ async fn exported(collector: &OtlpCollector, requests: usize) {
                 })
                 .sum();
             // Only then are the exports compared: the shapes are large.
-            let settled = measured >= requests as u64
+            measured >= requests as u64
                 && match guard.as_slice() {
                     [.., before, last] => export_shape(before, 0) == export_shape(last, 0),
                     _ => false,
-                };
-            (measured, settled)
+                }
         };
-        if measured >= requests as u64 && settled {
+        if settled {
             return;
         }
         assert!(
