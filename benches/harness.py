@@ -6,7 +6,8 @@ app, same loads, same run. See benches/README.md.
     benches/harness.py              # everything; writes benches/RESULTS.md
     benches/harness.py --smoke      # one short round of load 1, qproxy and direct
 
-Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, haproxy, perf, taskset;
+Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, haproxy, perf, taskset,
+valgrind (the instruction counts);
 for the TLS loads, openssl, and root with unshare for the Go queue-proxy
 (its certificate path is fixed: it gets a mount namespace of its own).
 """
@@ -139,7 +140,9 @@ def build(args):
         out["accel"] = accel_setup()
     tls = any(n in args.loads for n in TLS_LOAD_NUMBERS)
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
-    for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads else [])
+    counted = args.instructions and not args.smoke and any(n in COUNTED for n in args.contenders)
+    for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])
+                 + (["valgrind"] if counted else [])
                  + (["openssl"] if tls else []) + proxies):
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
         if not path:
@@ -237,6 +240,9 @@ class Contender:
         self.name, self.bins, self.variant, self.cc, self.tls = name, bins, variant, cc, tls
         self.procs, self.tmp = [], None
         self.port = self.h2_port = self.tls_port = None
+        # A command the proxy runs under (callgrind, for its instructions);
+        # nginx then runs as one process, its master serving.
+        self.wrap = []
         # The qproxy-accel contender runs an app of its own, in the
         # accelerator's cgroup, and the agent beside it.
         self.app, self.agent, self.agent_log = None, None, None
@@ -283,9 +289,11 @@ class Contender:
             self.h2_port = free_port()
             conf = os.path.join(self.tmp, "nginx.conf")
             tls = NGINX_TLS.format(tls_port=self.tls_port, certs=self.bins["certs"]) if self.tls else ""
+            text = NGINX_CONF.format(tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port, tls=tls)
+            if self.wrap:
+                text = text.replace("master_process on;", "master_process off;")
             with open(conf, "w") as f:
-                f.write(NGINX_CONF.format(tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port,
-                                          tls=tls))
+                f.write(text)
             argv, env = [self.bins["nginx"], "-c", conf, "-p", self.tmp], dict(os.environ)
         elif name == "haproxy":
             self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-haproxy-")
@@ -305,10 +313,10 @@ class Contender:
             argv, env = [self.bins["haproxy"], "-db", "-f", conf], dict(os.environ)
         else:
             raise ValueError(name)
-        p = subprocess.Popen(pin(cpu, argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+        p = subprocess.Popen(pin(cpu, self.wrap + argv), env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(p)
-        wait_for(f"{name} to serve", lambda: get(self.port)[0] == 200)
+        wait_for(f"{name} to serve", lambda: get(self.port)[0] == 200, timeout=120 if self.wrap else 20)
         if name == "qproxy-accel":
             wait_for("the agent to accelerate qproxy", lambda: f"pid={p.pid} " in self.agent_text())
         if self.tls:
@@ -759,11 +767,59 @@ def run_allocations():
     return [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("allocations per request: ")]
 
 
-def report(args, throughput, concurrency, footprint, allocations=None):
+# The contenders whose instructions are counted: the proxies that run
+# under valgrind (not Go's runtime).
+COUNTED = ("qproxy", "qproxy-base", "qproxy-nometrics", "nginx", "haproxy")
+
+
+def run_instructions(args, bins):
+    """{contender: instructions per request}: user-space instructions of
+    each proxy, counted by callgrind over `args.instructions` and twice as
+    many of load 1's requests (4 connections kept alive, `h2load --h1`); the
+    difference, divided, leaves start-up and shutdown out. Exact and the
+    same from run to run, so it shows a change too small for the CPU
+    times' noise; it weighs neither the kernel's work nor cache misses."""
+    counts = {}
+    app, app_port = start_app(bins, "unpinned")
+    try:
+        for name in (n for n in args.contenders if n in COUNTED):
+            totals = []
+            for n in (args.instructions, 2 * args.instructions):
+                out = os.path.join(tempfile.gettempdir(), f"qproxy-bench-callgrind-{name}-{n}")
+                c = Contender(name, bins, "unpinned")
+                c.wrap = [bins["valgrind"], "--tool=callgrind", f"--callgrind-out-file={out}"]
+                try:
+                    c.start(app_port)
+                    subprocess.run([bins["h2load"], "--h1", "-n", str(n), "-c", "4", f"http://127.0.0.1:{c.port}/"],
+                                   stdout=subprocess.DEVNULL, check=True)
+                finally:
+                    # callgrind writes its counts when the proxy exits.
+                    for p in c.procs:
+                        os.killpg(p.pid, signal.SIGTERM)
+                        p.wait(timeout=60)
+                    c.stop()
+                with open(out) as f:
+                    totals.append(int(re.search(r"^totals: (\d+)", f.read(), re.M).group(1)))
+                os.remove(out)
+            counts[name] = (totals[1] - totals[0]) / args.instructions
+            print(f"  {name:17} {counts[name]:,.0f} instructions per request", flush=True)
+    finally:
+        stop(app)
+    return counts
+
+
+def report(args, throughput, concurrency, footprint, allocations=None, instructions=None):
     lines = []
     if allocations:
         lines.append("### Allocations per request (`crates/qproxy/benches/allocations.rs`)\n")
         lines.extend(f"- {a}" for a in allocations)
+        lines.append("")
+    if instructions:
+        lines.append(f"### Instructions per request (callgrind, load 1's request, "
+                     f"{args.instructions:,} and {2 * args.instructions:,} requests)\n")
+        lines.append("| contender | user-space instructions per request |")
+        lines.append("|---|---|")
+        lines.extend(f"| {name} | {n:,.0f} |" for name, n in instructions.items())
         lines.append("")
     for variant in args.variants:
         lines.append(f"### Throughput and cost, {variant}\n")
@@ -859,6 +915,9 @@ def main():
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
     ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
+    ap.add_argument("--instructions", type=int, default=20000, metavar="N",
+                    help="count each proxy's instructions per request under callgrind over N and 2N requests "
+                         "(0: not at all)")
     args = ap.parse_args()
     if args.smoke:
         args.rounds, args.seconds, args.contenders, args.loads, args.variants = 1, 2, "direct,qproxy", "1", "unpinned"
@@ -881,11 +940,14 @@ def main():
     if 6 in args.loads:
         print("== loads 6-8", flush=True)
         footprint = run_footprint(args, bins)
-    allocations = None
+    allocations = instructions = None
     if not args.smoke:
         print("== allocations", flush=True)
         allocations = run_allocations()
-    table = report(args, throughput, concurrency, footprint, allocations)
+    if not args.smoke and args.instructions:
+        print("== instructions", flush=True)
+        instructions = run_instructions(args, bins)
+    table = report(args, throughput, concurrency, footprint, allocations, instructions)
     print(table)
     failed = [k for k, rounds in throughput.items() if any(r["errors"] for r in rounds)]
     if args.smoke:
