@@ -126,6 +126,7 @@ pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
 
 /// Writes a header line, its name in [title case](title_case).
 pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    dst.reserve(name.as_str().len() + value.len() + 4);
     title_case(dst, name);
     dst.extend_from_slice(b": ");
     dst.extend_from_slice(value.as_bytes());
@@ -135,14 +136,15 @@ pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderVa
 /// Writes `name` as hyper writes header names in title case (and Go
 /// writes them): the first letter and each one after a `-` upper-cased.
 pub(crate) fn title_case(dst: &mut Vec<u8>, name: &HeaderName) {
-    let mut after_dash = true;
-    for &c in name.as_str().as_bytes() {
-        dst.push(if after_dash {
-            c.to_ascii_uppercase()
-        } else {
-            c
-        });
-        after_dash = c == b'-';
+    let start = dst.len();
+    dst.extend_from_slice(name.as_str().as_bytes());
+    let mut word = &mut dst[start..];
+    while let Some(first) = word.first_mut() {
+        first.make_ascii_uppercase();
+        let Some(dash) = word.iter().position(|&c| c == b'-') else {
+            break;
+        };
+        word = &mut std::mem::take(&mut word)[dash + 1..];
     }
 }
 
@@ -338,21 +340,33 @@ fn parse(
     let mut headers = std::mem::take(spare);
     headers.reserve(count);
     let mut close = false;
+    // What frames the body, noted on the way rather than looked up after.
+    let mut coded: Option<bool> = None;
+    let mut length = Ok(None);
     for &(n0, n1, v0, v1) in &lines[..count] {
         let invalid = || parse_error(httparse::Error::HeaderValue);
         let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| invalid())?;
         let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| invalid())?;
-        if name == CONNECTION {
-            if close || has_token(&value, "close") {
-                close = true;
-                keep_alive = false;
-            } else if !keep_alive {
-                keep_alive = has_token(&value, "keep-alive");
+        match name {
+            CONNECTION => {
+                if close || has_token(&value, "close") {
+                    close = true;
+                    keep_alive = false;
+                } else if !keep_alive {
+                    keep_alive = has_token(&value, "keep-alive");
+                }
             }
+            TRANSFER_ENCODING => coded = Some(ends_chunked(&value)),
+            CONTENT_LENGTH => {
+                if let Ok(known) = &mut length {
+                    length = add_length(known, &value).map(|()| *known);
+                }
+            }
+            _ => {}
         }
         headers.append(name, value);
     }
-    let framing = framing(status, method, version, &headers)?;
+    let framing = framing(status, method, version, coded, length)?;
     Ok(Parsed::Final(Head {
         status,
         version,
@@ -411,29 +425,31 @@ pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
 }
 
 /// How the body of a response is framed (RFC 9112 §6.3, as hyper reads
-/// it).
+/// it), from its last `Transfer-Encoding` value (whether that ends in
+/// `chunked`), if it has one, and its [`Content-Length`](content_length).
 fn framing(
     status: StatusCode,
     method: &Method,
     version: Version,
-    headers: &HeaderMap,
+    coded: Option<bool>,
+    length: Result<Option<u64>, InvalidLength>,
 ) -> Result<Framing, ExchangeError> {
     if matches!(status.as_u16(), 101 | 204 | 304) || method == Method::HEAD {
         return Ok(Framing::Length(0));
     }
-    if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+    if let Some(chunked) = coded {
         if version == Version::HTTP_10 {
             return Err(ExchangeError::Malformed(
                 "unexpected transfer-encoding parsed",
             ));
         }
-        return Ok(if ends_chunked(last) {
+        return Ok(if chunked {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::Eof
         });
     }
-    match content_length(headers) {
+    match length {
         Ok(Some(n)) => Ok(Framing::Length(n)),
         Ok(None) => Ok(Framing::Eof),
         Err(InvalidLength) => Err(ExchangeError::Malformed("invalid content-length parsed")),
@@ -451,16 +467,23 @@ pub(crate) struct InvalidLength;
 pub(crate) fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InvalidLength> {
     let mut length = None;
     for value in headers.get_all(CONTENT_LENGTH) {
-        let text = value.to_str().map_err(|_| InvalidLength)?;
-        for part in text.split(',') {
-            let n = digits(part.trim()).ok_or(InvalidLength)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(InvalidLength);
-            }
-            length = Some(n);
-        }
+        add_length(&mut length, value)?;
     }
     Ok(length)
+}
+
+/// Reads one `Content-Length` value into `length`, the one its values
+/// before it declared.
+fn add_length(length: &mut Option<u64>, value: &HeaderValue) -> Result<(), InvalidLength> {
+    let text = value.to_str().map_err(|_| InvalidLength)?;
+    for part in text.split(',') {
+        let n = digits(part.trim()).ok_or(InvalidLength)?;
+        if length.is_some_and(|l| l != n) {
+            return Err(InvalidLength);
+        }
+        *length = Some(n);
+    }
+    Ok(())
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
@@ -859,6 +882,21 @@ mod tests {
                 Parsed::Informational => {}
                 Parsed::Partial => return Err("partial".into()),
             }
+        }
+    }
+
+    #[test]
+    fn names_are_title_cased_after_every_dash() {
+        for (name, want) in [
+            ("host", "Host"),
+            ("x-forwarded-for", "X-Forwarded-For"),
+            ("a--b", "A--B"),
+            ("-a-", "-A-"),
+            ("k-1x", "K-1x"),
+        ] {
+            let mut dst = b"GET / HTTP/1.1\r\n".to_vec();
+            title_case(&mut dst, &HeaderName::from_static(name));
+            assert_eq!(&dst[16..], want.as_bytes(), "{name}");
         }
     }
 

@@ -237,9 +237,9 @@ pin_project! {
     pub(crate) struct TimeoutBody<B> {
         #[pin]
         body: B,
-        // Armed for the earliest deadline; `None` when none applies.
-        #[pin]
-        sleep: Option<Sleep>,
+        // Armed for the earliest deadline once the body first waits; `None`
+        // before, and when none applies.
+        sleep: Option<Pin<Box<Sleep>>>,
         // `None` when no timeout applies (qproxy's own answers, or classic
         // Knative without an idle timeout).
         running: Option<Running>,
@@ -263,6 +263,14 @@ impl Running {
     fn idle_deadline(&self) -> Option<Instant> {
         self.clock.timeouts.idle.map(|d| self.last_write + d)
     }
+
+    /// The earliest deadline that applies.
+    fn next(&self) -> Option<Instant> {
+        [self.overall(), self.idle_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
 }
 
 impl<B> TimeoutBody<B> {
@@ -285,14 +293,11 @@ impl<B> TimeoutBody<B> {
             clock.started
         };
         let running = Running { clock, last_write };
-        let first = [running.overall(), running.idle_deadline()]
-            .into_iter()
-            .flatten()
-            .min();
         TimeoutBody {
             body,
-            sleep: first.map(sleep_until),
-            running: first.map(|_| running),
+            sleep: None,
+            // The timer itself is armed only if the body waits.
+            running: running.next().map(|_| running),
             timed_out: false,
         }
     }
@@ -355,8 +360,12 @@ where
             Poll::Ready(other) => return Poll::Ready(other),
             Poll::Pending => {}
         }
-        let Some(mut sleep) = this.sleep.as_mut().as_pin_mut() else {
-            return Poll::Pending;
+        let sleep = match this.sleep {
+            Some(sleep) => sleep,
+            None => match running.next() {
+                Some(next) => this.sleep.insert(Box::pin(sleep_until(next))),
+                None => return Poll::Pending,
+            },
         };
         loop {
             if sleep.as_mut().poll(cx).is_pending() {

@@ -325,11 +325,15 @@ where
         body.set(None);
     }
     let mut watch = Watch::new(pending, body_read);
+    // The client was watched in this wake-up already, by the exchange that
+    // has just ended; later wake-ups watch it once each, before the body's
+    // frames, as a hang-up wakes the task again.
+    let mut watched = true;
     let written = poll_fn(|cx| {
+        if !std::mem::take(&mut watched) && watch.poll_gone(io, pending, cx).is_ready() {
+            return Poll::Ready(Err(()));
+        }
         loop {
-            if watch.poll_gone(io, pending, cx).is_ready() {
-                return Poll::Ready(Err(()));
-            }
             let Some(mut polled) = body.as_mut().as_pin_mut() else {
                 ready!(out.poll_write(io, cx)).map_err(|_| ())?;
                 return Pin::new(&mut *io).poll_flush(cx).map_err(|_| ());
