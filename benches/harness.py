@@ -776,8 +776,8 @@ def run_instructions(args, bins):
     """{contender: instructions per request}: user-space instructions of
     each proxy, counted by callgrind over `args.instructions` and twice as
     many of load 1's requests (4 connections kept alive, `h2load --h1`); the
-    difference, divided, leaves start-up and shutdown out. Exact and the
-    same from run to run, so it shows a change too small for the CPU
+    difference, divided, leaves start-up and shutdown out. It moves by less
+    than 1% from run to run, so it shows a change too small for the CPU
     times' noise; it weighs neither the kernel's work nor cache misses."""
     counts = {}
     app, app_port = start_app(bins, "unpinned")

@@ -51,9 +51,16 @@ const BODY_READ_MAX: usize = 256 * 1024;
 /// take before the body is refused.
 const CHUNK_LINE_MAX: usize = 16 * 1024;
 
-/// An HTTP/1.1 connection to the app that qproxy speaks itself.
+/// An HTTP/1.1 connection to the app that qproxy speaks itself. It lives
+/// on the heap, made once per connection, so that the request's future and
+/// the response's body, which hold it in turn, move a pointer with every
+/// move rather than the whole of it.
 #[derive(Debug)]
-pub(crate) struct AppConn {
+pub(crate) struct AppConn(Box<Link>);
+
+/// What an [`AppConn`] holds.
+#[derive(Debug)]
+pub(crate) struct Link {
     tcp: TcpStream,
     /// Our end, for error texts.
     local: SocketAddr,
@@ -63,14 +70,28 @@ pub(crate) struct AppConn {
     buf: BytesMut,
 }
 
+impl std::ops::Deref for AppConn {
+    type Target = Link;
+
+    fn deref(&self) -> &Link {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for AppConn {
+    fn deref_mut(&mut self) -> &mut Link {
+        &mut self.0
+    }
+}
+
 impl AppConn {
     /// A connection just made, whose end is `local`.
     pub(crate) fn new(tcp: TcpStream, local: SocketAddr) -> Self {
-        Self {
+        Self(Box::new(Link {
             tcp,
             local,
             buf: BytesMut::new(),
-        }
+        }))
     }
 
     /// Our end of it.
@@ -220,7 +241,8 @@ pub(crate) async fn exchange(
         if conn.buf.len() >= MAX_RESPONSE_HEADER_BYTES {
             return Err(ExchangeError::Malformed("message head is too large"));
         }
-        if poll_fn(|cx| poll_read_into(&mut conn.tcp, &mut conn.buf, cx)).await? == 0 {
+        let link = &mut *conn.0;
+        if poll_fn(|cx| poll_read_into(&mut link.tcp, &mut link.buf, cx)).await? == 0 {
             return Err(ExchangeError::Closed);
         }
         reads += 1;
