@@ -216,7 +216,7 @@ where
 
         let head = req.method() == Method::HEAD;
         let served = exchange(io, &mut pending, service, req, body_read.as_ref()).await;
-        let Some(res) = served else {
+        let Some((res, watch)) = served else {
             return Served::Closed;
         };
         let keep_alive = keep_alive && !watcher.is_stopping();
@@ -227,7 +227,7 @@ where
             res,
             head,
             keep_alive,
-            body_read.as_ref(),
+            watch,
         );
         let Ok(kept) = responded.await else {
             return Served::Closed;
@@ -246,14 +246,15 @@ where
 /// Calls the service and waits for its response, watching the client as
 /// hyper does (once the request's body, if any, has been read): a client
 /// that closes its end (or fails) abandons the request, and `None` is
-/// returned.
-async fn exchange<IO, S, B>(
+/// returned. With the response, the watch, for the response's writing: it
+/// knows whether it polled the client in the wake-up that got the response.
+async fn exchange<'a, IO, S, B>(
     io: &mut IO,
     pending: &mut BytesMut,
     service: &mut S,
     req: Request<RequestBody>,
-    body_read: Option<&BodyRead>,
-) -> Option<Response<B>>
+    body_read: Option<&'a BodyRead>,
+) -> Option<(Response<B>, Watch<'a>)>
 where
     IO: AsyncRead + Unpin,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
@@ -264,7 +265,7 @@ where
     }
     let mut answer = pin!(service.call(req));
     let mut watch = Watch::new(pending, body_read);
-    poll_fn(|cx| {
+    let res = poll_fn(|cx| {
         if watch.poll_gone(io, pending, cx).is_ready() {
             return Poll::Ready(None);
         }
@@ -281,13 +282,15 @@ where
         }
         Poll::Pending
     })
-    .await
+    .await;
+    res.map(|res| (res, watch))
 }
 
 /// Writes a response: its head, then its body. `Ok(Some(map))` when the
 /// connection may serve another request (with the response's header map,
 /// emptied, for it), `Ok(None)` when it is to close after it, `Err` when
-/// it is to close at once.
+/// it is to close at once. `watch` watches the client, as it did for the
+/// exchange.
 async fn respond<IO, B>(
     io: &mut IO,
     pending: &mut BytesMut,
@@ -295,7 +298,7 @@ async fn respond<IO, B>(
     res: Response<B>,
     head: bool,
     keep_alive: bool,
-    body_read: Option<&BodyRead>,
+    mut watch: Watch<'_>,
 ) -> Result<Option<HeaderMap>, ()>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
@@ -324,16 +327,20 @@ where
     if length.is_none() || framing == Framing::Length(0) {
         body.set(None);
     }
-    let mut watch = Watch::new(pending, body_read);
-    // The client was watched in this wake-up already, by the exchange that
-    // has just ended; later wake-ups watch it once each, before the body's
-    // frames, as a hang-up wakes the task again.
-    let mut watched = true;
+    let mut watched = watch.armed;
     let written = poll_fn(|cx| {
-        if !std::mem::take(&mut watched) && watch.poll_gone(io, pending, cx).is_ready() {
-            return Poll::Ready(Err(()));
-        }
+        // Once the client's socket has been polled and had nothing, its
+        // hang-up wakes the task: each wake-up polls it until then, not
+        // before every frame. The exchange that has just ended may have
+        // done so in this wake-up already.
+        let mut armed = std::mem::take(&mut watched);
         loop {
+            if !armed {
+                if watch.poll_gone(io, pending, cx).is_ready() {
+                    return Poll::Ready(Err(()));
+                }
+                armed = watch.armed;
+            }
             let Some(mut polled) = body.as_mut().as_pin_mut() else {
                 ready!(out.poll_write(io, cx)).map_err(|_| ())?;
                 return Pin::new(&mut *io).poll_flush(cx).map_err(|_| ());
@@ -403,6 +410,9 @@ where
 /// request's body has been read, to notice a client that has gone.
 struct Watch<'a> {
     watching: bool,
+    /// The client's socket was polled in the last check and had nothing:
+    /// its next bytes, or its hang-up, wake the task.
+    armed: bool,
     /// The request's body, read whole here: until the stack has read it,
     /// the client is not watched, as Go does not watch it before a body is
     /// read to its end. (The body is read in the connection's own task,
@@ -415,6 +425,7 @@ impl<'a> Watch<'a> {
     fn new(pending: &BytesMut, body: Option<&'a BodyRead>) -> Self {
         Self {
             watching: pending.is_empty(),
+            armed: false,
             body,
         }
     }
@@ -432,6 +443,7 @@ impl<'a> Watch<'a> {
         pending: &mut BytesMut,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
+        self.armed = false;
         if !self.watching || self.waits_for_body() {
             return Poll::Pending;
         }
@@ -441,7 +453,10 @@ impl<'a> Watch<'a> {
                 self.watching = false;
                 Poll::Pending
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                self.armed = true;
+                Poll::Pending
+            }
         }
     }
 }
@@ -1396,6 +1411,51 @@ mod tests {
     async fn a_client_that_hangs_up_abandons_its_request_as_with_hyper() {
         let got = same(GET, ANSWERS[1].1, true).await;
         assert_eq!(got, "");
+    }
+
+    /// A service that reads the request's body and answers in the same
+    /// wake-up, with a body that sends a frame and then waits: a client
+    /// that hangs up then is noticed, and the body let go of.
+    #[tokio::test(start_paused = true)]
+    async fn a_hang_up_while_a_streamed_answer_waits_ends_it() {
+        use futures_util::StreamExt;
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let graceful = GracefulShutdown::new();
+        let (held, mut released) = tokio::sync::oneshot::channel::<()>();
+        let held = Arc::new(Mutex::new(Some(held)));
+        let service = service_fn(move |req: Request<RequestBody>| {
+            let held = held.lock().unwrap().take();
+            async move {
+                let _ = req.into_body().collect().await;
+                let waits = futures_util::stream::poll_fn(move |_| {
+                    let _held = &held;
+                    Poll::<Option<Result<Frame<Bytes>, Infallible>>>::Pending
+                });
+                let frames = futures_util::stream::iter([Ok(Frame::data(Bytes::from("a")))]);
+                Ok::<_, Infallible>(with(
+                    200,
+                    &[],
+                    BodyExt::boxed(StreamBody::new(frames.chain(waits))),
+                ))
+            }
+        });
+        spawn_connection(server, main_builder(), service, &graceful);
+        client
+            .write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0; 1024];
+        while !got.ends_with(b"\r\n1\r\na\r\n") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(released.try_recv().is_err(), "the body is still held");
+        client.shutdown().await.unwrap();
+        // Time is paused: the hour passes at once if nothing else can happen.
+        let noticed = tokio::time::timeout(Duration::from_secs(3600), released).await;
+        assert!(noticed.is_ok(), "the hang-up went unnoticed");
     }
 
     #[tokio::test(start_paused = true)]
