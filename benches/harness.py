@@ -776,36 +776,55 @@ def run_instructions(args, bins):
     """{contender: instructions per request}: user-space instructions of
     each proxy, counted by callgrind over `args.instructions` and twice as
     many of load 1's requests (4 connections kept alive, `h2load --h1`); the
-    difference, divided, leaves start-up and shutdown out. It moves by less
-    than 1% from run to run, so it shows a change too small for the CPU
-    times' noise; it weighs neither the kernel's work nor cache misses."""
+    difference, divided, leaves start-up and shutdown out. It moves by up to
+    about 2% from run to run (nginx's not at all), so it shows a change too
+    small for the CPU times' noise; it weighs neither the kernel's work nor
+    cache misses."""
     counts = {}
     app, app_port = start_app(bins, "unpinned")
     try:
         for name in (n for n in args.contenders if n in COUNTED):
-            totals = []
-            for n in (args.instructions, 2 * args.instructions):
-                out = os.path.join(tempfile.gettempdir(), f"qproxy-bench-callgrind-{name}-{n}")
-                c = Contender(name, bins, "unpinned")
-                c.wrap = [bins["valgrind"], "--tool=callgrind", f"--callgrind-out-file={out}"]
-                try:
-                    c.start(app_port)
-                    subprocess.run([bins["h2load"], "--h1", "-n", str(n), "-c", "4", f"http://127.0.0.1:{c.port}/"],
-                                   stdout=subprocess.DEVNULL, check=True)
-                finally:
-                    # callgrind writes its counts when the proxy exits.
-                    for p in c.procs:
-                        os.killpg(p.pid, signal.SIGTERM)
-                        p.wait(timeout=60)
-                    c.stop()
-                with open(out) as f:
-                    totals.append(int(re.search(r"^totals: (\d+)", f.read(), re.M).group(1)))
-                os.remove(out)
+            try:
+                totals = [count_instructions(name, bins, app_port, n)
+                          for n in (args.instructions, 2 * args.instructions)]
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                print(f"  {name:17} not counted: {e}", flush=True)
+                continue
             counts[name] = (totals[1] - totals[0]) / args.instructions
             print(f"  {name:17} {counts[name]:,.0f} instructions per request", flush=True)
     finally:
         stop(app)
     return counts
+
+
+def count_instructions(name, bins, app_port, n):
+    """The instructions callgrind counts in contender `name`, started
+    afresh, over `n` of load 1's requests and its start and shutdown."""
+    out = os.path.join(tempfile.gettempdir(), f"qproxy-bench-callgrind-{name}-{n}")
+    c = Contender(name, bins, "unpinned")
+    c.wrap = [bins["valgrind"], "--tool=callgrind", f"--callgrind-out-file={out}"]
+    try:
+        try:
+            c.start(app_port)
+            done = subprocess.run([bins["h2load"], "--h1", "-n", str(n), "-c", "4",
+                                   f"http://127.0.0.1:{c.port}/"], capture_output=True, text=True, check=True).stdout
+            m = re.search(r"(\d+) succeeded", done)
+            if not m or int(m.group(1)) != n:
+                raise RuntimeError(f"{m.group(1) if m else 'no'} of {n} requests succeeded")
+            # callgrind writes its counts when the proxy exits.
+            for p in c.procs:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=60)
+        finally:
+            c.stop()
+        with open(out) as f:
+            m = re.search(r"^totals: (\d+)", f.read(), re.M)
+    finally:
+        if os.path.exists(out):
+            os.remove(out)
+    if not m:
+        raise RuntimeError(f"callgrind wrote no totals for {name}")
+    return int(m.group(1))
 
 
 def report(args, throughput, concurrency, footprint, allocations=None, instructions=None):
@@ -915,7 +934,7 @@ def main():
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
     ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
-    ap.add_argument("--instructions", type=int, default=20000, metavar="N",
+    ap.add_argument("--instructions", type=int, default=50000, metavar="N",
                     help="count each proxy's instructions per request under callgrind over N and 2N requests "
                          "(0: not at all)")
     args = ap.parse_args()
