@@ -75,7 +75,7 @@ fn newest_source(dir: &Path, than: SystemTime) -> Option<PathBuf> {
 /// A running `qproxy` process, killed when dropped.
 pub struct QProxy {
     child: Child,
-    logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
+    logs: Arc<(Mutex<Collected>, Condvar)>,
     /// Main port, on IPv4 loopback.
     pub main: SocketAddr,
     /// Whether the ports are bound dual-stack (`[::]`), not IPv4 only.
@@ -263,7 +263,7 @@ impl QProxy {
             .stderr(Stdio::piped())
             .spawn()
             .expect("qproxy starts");
-        let logs = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let logs = Arc::new((Mutex::new(Collected::default()), Condvar::new()));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         collect_lines(stdout, "stdout", logs.clone());
@@ -316,12 +316,12 @@ impl QProxy {
         let deadline = Instant::now() + DEADLINE;
         let mut guard = lines.lock().unwrap();
         loop {
-            if let Some(l) = guard.iter().filter(|l| pred(l)).nth(n - 1) {
+            if let Some(l) = guard.lines.iter().filter(|l| pred(l)).nth(n - 1) {
                 return l.clone();
             }
             let left = deadline
                 .checked_duration_since(Instant::now())
-                .unwrap_or_else(|| panic!("no log line for {what}; logs: {:#?}", *guard));
+                .unwrap_or_else(|| panic!("no log line for {what}; logs: {:#?}", guard.lines));
             guard = changed.wait_timeout(guard, left).unwrap().0;
         }
     }
@@ -337,7 +337,7 @@ impl QProxy {
 
     /// Every log line so far.
     pub fn logs(&self) -> Vec<Value> {
-        self.logs.0.lock().unwrap().clone()
+        self.logs.0.lock().unwrap().lines.clone()
     }
 
     /// The process id.
@@ -355,16 +355,28 @@ impl QProxy {
             .expect("VmHWM in /proc/PID/status")
     }
 
-    /// Waits for the process to exit on its own and returns its status.
+    /// Waits for the process to exit on its own and returns its status;
+    /// every line it wrote is in [`Self::logs`] by then.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + DEADLINE;
-        loop {
+        let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
+                break status;
             }
             assert!(Instant::now() < deadline, "qproxy did not exit");
             std::thread::sleep(Duration::from_millis(10));
+        };
+        // What it wrote last may still be in the pipes: every line is
+        // collected once both have reached their end.
+        let (collected, changed) = &*self.logs;
+        let mut guard = collected.lock().unwrap();
+        while guard.ended < 2 {
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .expect("qproxy's output ends once it has exited");
+            guard = changed.wait_timeout(guard, left).unwrap().0;
         }
+        status
     }
 
     /// Sends a signal (`TERM`, `INT`, ...) to the process.
@@ -444,14 +456,24 @@ pub fn signal(pid: u32, sig: &str) {
     kill_process(pid, signal).unwrap_or_else(|e| panic!("kill -{sig} {pid:?}: {e}"));
 }
 
+/// What the child wrote on its two streams.
+#[derive(Debug, Default)]
+struct Collected {
+    /// Every line so far, in the order read.
+    lines: Vec<Value>,
+    /// How many of the streams have reached their end.
+    ended: usize,
+}
+
 /// Reads JSON log lines from one of the child's streams, tagging each with
 /// `"_stream"`. Anything that is not a JSON object fails the test.
 fn collect_lines(
     from: impl std::io::Read + Send + 'static,
     stream: &'static str,
-    logs: Arc<(Mutex<Vec<Value>>, Condvar)>,
+    logs: Arc<(Mutex<Collected>, Condvar)>,
 ) {
     std::thread::spawn(move || {
+        let (collected, changed) = &*logs;
         for line in BufReader::new(from).lines() {
             let Ok(line) = line else { break };
             // Log lines are JSON; request log lines are what their
@@ -461,10 +483,11 @@ fn collect_lines(
                 .filter(Value::is_object)
                 .unwrap_or_else(|| serde_json::json!({ "_raw": line }));
             value["_stream"] = stream.into();
-            let (lines, changed) = &*logs;
-            lines.lock().unwrap().push(value);
+            collected.lock().unwrap().lines.push(value);
             changed.notify_all();
         }
+        collected.lock().unwrap().ended += 1;
+        changed.notify_all();
     });
 }
 
