@@ -351,6 +351,7 @@ pub(super) async fn connection<IO, S, B>(
         }
     };
     tokio::select! {
+        biased;
         () = serve => {}
         () = first_head(&clock) => {
             tracing::debug!(client = %conn.remote, "closed: no request head within a minute");

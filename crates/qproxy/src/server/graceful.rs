@@ -8,12 +8,14 @@
 //! themselves, which are what a connection's task holds.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, Waker};
 
 use hyper::body::Incoming;
 use hyper::rt::{Read, Write};
 use hyper::server::conn::{http1, http2};
 use hyper::service::HttpService;
+use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
 /// Tells the connections it watches to finish, and waits until they have.
@@ -64,10 +66,14 @@ impl Watcher {
 
     /// Resolves once the connection is asked to finish: made once for a
     /// connection's life, so that it registers its interest once.
-    pub(crate) fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn stopping(&self) -> Stopping<impl Future<Output = ()> + Send + 'static> {
         let mut rx = self.rx.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
+        Stopping {
+            wait: async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            },
+            seen: self.rx.clone(),
+            polled_by: None,
         }
     }
 
@@ -75,11 +81,51 @@ impl Watcher {
     pub(crate) async fn watch<C: Graceful>(self, conn: C) -> C::Output {
         let mut conn = pin!(conn);
         tokio::select! {
+            biased;
             served = conn.as_mut() => return served,
             () = self.stopping() => {}
         }
         conn.as_mut().graceful_shutdown();
         conn.await
+    }
+}
+
+pin_project! {
+    /// A connection's wait for the shutdown, which it polls at every
+    /// wake-up. Registering for the signal takes a lock each time; once it
+    /// has registered this task, polling it again is a look at the signal's
+    /// version, until a signal comes.
+    pub(crate) struct Stopping<F> {
+        #[pin]
+        wait: F,
+        // The signal, to tell whether it has been sent since `wait`
+        // registered.
+        seen: watch::Receiver<bool>,
+        // The task `wait` last registered to be woken.
+        polled_by: Option<Waker>,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Stopping<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        // A closed signal counts as sent: `wait` ends on it too.
+        let sent = this.seen.has_changed().unwrap_or(true);
+        if !sent
+            && this
+                .polled_by
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
+        let polled = this.wait.poll(cx);
+        if polled.is_pending() {
+            *this.polled_by = Some(cx.waker().clone());
+        }
+        polled
     }
 }
 
@@ -113,5 +159,61 @@ where
 {
     fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
         http2::Connection::graceful_shutdown(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use super::*;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_polling_again_still_hears_the_stop() {
+        let graceful = GracefulShutdown::new();
+        let watcher = graceful.watcher();
+        let mut stopping = Box::pin(watcher.stopping());
+        let (one, other) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let (one_waker, other_waker) = (Waker::from(one.clone()), Waker::from(other.clone()));
+        let mut cx = Context::from_waker(&one_waker);
+        for _ in 0..3 {
+            assert!(stopping.as_mut().poll(&mut cx).is_pending());
+        }
+        // Polled by another task now: that task is the one woken.
+        assert!(
+            stopping
+                .as_mut()
+                .poll(&mut Context::from_waker(&other_waker))
+                .is_pending()
+        );
+        let shutdown = tokio::spawn(graceful.shutdown());
+        tokio::task::yield_now().await;
+        assert_eq!(other.0.load(Ordering::SeqCst), 1, "the last poller is woken");
+        assert_eq!(one.0.load(Ordering::SeqCst), 0);
+        assert!(stopping.as_mut().poll(&mut cx).is_ready());
+        drop((stopping, watcher));
+        shutdown.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stop_sent_before_the_first_poll_is_heard() {
+        let graceful = GracefulShutdown::new();
+        let watcher = graceful.watcher();
+        let stopping = watcher.stopping();
+        graceful.tx.send_replace(true);
+        stopping.await;
+        assert!(watcher.is_stopping());
     }
 }

@@ -199,8 +199,11 @@ where
                 }
             };
             // A graceful shutdown closes a connection between requests, as
-            // hyper does, whatever part of a head it holds.
+            // hyper does, whatever part of a head it holds. Bytes already
+            // there are read first: a head that has come whole is served,
+            // and its response closes the connection.
             let got = tokio::select! {
+                biased;
                 got = read => got,
                 () = &mut stopping => return Served::Closed,
             };

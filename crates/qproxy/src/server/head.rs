@@ -33,9 +33,9 @@
 //! an idle keep-alive connection holds, which Knative allows for as long as
 //! the client likes.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::io;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -181,11 +181,20 @@ impl HeadClock {
 
 /// Resolves when the connection's first head has not arrived within its
 /// timeout of accept; never, if it has.
+///
+/// Once the first head is in, the timer is not polled again: a connection
+/// polls this at every wake-up, and a timer that can no longer fire is not
+/// worth a look each time. (Armed already, it wakes the task once more when
+/// it expires.)
 pub(crate) async fn first_head(clock: &HeadClock) {
-    tokio::time::sleep_until(clock.accepted + clock.timeout).await;
-    if clock.first_done() {
-        std::future::pending::<()>().await;
-    }
+    let mut expired = pin!(tokio::time::sleep_until(clock.accepted + clock.timeout));
+    poll_fn(|cx| {
+        if clock.first_done() {
+            return Poll::Pending;
+        }
+        expired.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// The timer hyper's HTTP/1 header timeout runs on. hyper asks it for a
