@@ -11,15 +11,22 @@
 //!   body, and never reaches the app;
 //! - a request head longer than Go reads (1 MiB and 4 KiB, request line
 //!   included) is `431` `Request Header Fields Too Large`, and the
-//!   connection is closed. (hyper's own limit is the same, but it checks
-//!   it only as its buffer grows, so a head a little over it can get
-//!   through.)
+//!   connection is closed, before any of the above: Go refuses it as it
+//!   reads it. Only heads hyper reads can be that long ([`HeadLimit`], in
+//!   front of hyper's HTTP/1.1 connections: hyper's own limit is the same,
+//!   but it checks it only as its buffer grows, so a head a little over it
+//!   can get through); qproxy's own HTTP/1.1 server takes heads of up to
+//!   16 KiB and hands longer ones to hyper.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::header::HOST;
 use http::{Method, Request, Response, StatusCode, Version};
+use http_body_util::Either;
+use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::common::MAX_HEADER_BYTES;
@@ -65,19 +72,14 @@ where
     }
 }
 
-/// The answer Go's server gives `req` by itself, if any.
+/// The answer Go's server gives `req` by itself once it has read it
+/// whole, if any.
 pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
     if req.version() >= Version::HTTP_2 {
         return None;
     }
     if req.method() == Method::OPTIONS && req.uri() == "*" {
         return Some(Response::new(Body::empty()));
-    }
-    if head_len(req) > MAX_HEADER_BYTES {
-        return Some(server_error(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "Request Header Fields Too Large",
-        ));
     }
     let mut hosts = req.headers().get_all(HOST).iter();
     match (hosts.next(), hosts.next()) {
@@ -91,11 +93,105 @@ pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
     }
 }
 
+/// Refuses an HTTP/1 request whose head is longer than Go reads, as Go's
+/// server does; passes the rest on. In front of hyper's HTTP/1.1
+/// connections, the only ones that read such heads.
+#[derive(Debug, Clone)]
+pub(crate) struct HeadLimit<S> {
+    inner: S,
+}
+
+impl<S> HeadLimit<S> {
+    /// Bounds the heads `inner` is given.
+    pub(crate) fn new(inner: S) -> Self {
+        Self { inner }
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for HeadLimit<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>, Error = Infallible>,
+{
+    type Response = Response<Either<ResBody, Body>>;
+    type Error = Infallible;
+    type Future = Limited<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        match too_long(&req) {
+            Some(res) => Limited::Refused { res: Some(res) },
+            None => Limited::Inner {
+                inner: self.inner.call(req),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The response of [`HeadLimit`]: the inner service's, or the refusal.
+    #[project = LimitedProj]
+    pub(crate) enum Limited<F> {
+        /// Passed on.
+        Inner { #[pin] inner: F },
+        /// Refused; taken once polled.
+        Refused { res: Option<Response<Body>> },
+    }
+}
+
+impl<F, B> Future for Limited<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+{
+    type Output = Result<Response<Either<B, Body>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            LimitedProj::Inner { inner } => inner.poll(cx).map_ok(|res| res.map(Either::Left)),
+            // Polled again after it completed: it never completes again.
+            LimitedProj::Refused { res } => match res.take() {
+                Some(res) => Poll::Ready(Ok(res.map(Either::Right))),
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// Go's answer to an HTTP/1 request whose head is longer than it reads.
+fn too_long<B>(req: &Request<B>) -> Option<Response<Body>> {
+    (req.version() < Version::HTTP_2 && head_len(req) > MAX_HEADER_BYTES).then(|| {
+        server_error(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "Request Header Fields Too Large",
+        )
+    })
+}
+
 /// Go's `httpguts.ValidHostHeader` alphabet: letters, digits and the
 /// punctuation of hosts, IPv6 literals, zones and ports.
 fn valid_host_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!$%&()*+,-.:;=[]'_~".contains(&b)
+    HOST_BYTES[usize::from(b)]
 }
+
+/// [`valid_host_byte`] for every byte: a host is checked with every
+/// request.
+static HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let punctuation = b"!$%&()*+,-.:;=[]'_~";
+    let mut i = 0;
+    while i < punctuation.len() {
+        table[punctuation[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
 
 /// The length of `req`'s head as the client wrote it, near enough: the
 /// request line and one `Name: value` line per field.
@@ -165,6 +261,15 @@ mod tests {
     }
 
     #[test]
+    fn the_host_alphabet_is_go_s() {
+        let go: Vec<u8> = (0..=255u8)
+            .filter(|b| b.is_ascii_alphanumeric() || b"!$%&()*+,-.:;=[]'_~".contains(b))
+            .collect();
+        let here: Vec<u8> = (0..=255u8).filter(|b| valid_host_byte(*b)).collect();
+        assert_eq!(here, go);
+    }
+
+    #[test]
     fn http10_and_connect_need_no_host_but_a_valid_one() {
         assert!(answer(&req(Method::GET, "/", Version::HTTP_10, &[])).is_none());
         assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &[])).is_none());
@@ -184,14 +289,41 @@ mod tests {
                 .body(())
                 .unwrap()
         };
-        assert!(answer(&with(&fits)).is_none());
-        let res = answer(&with(&over)).expect("refused");
+        assert!(too_long(&with(&fits)).is_none());
+        let res = too_long(&with(&over)).expect("refused");
         assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
         assert_eq!(res.headers()[CONNECTION], "close");
         assert_eq!(
             res.extensions().get::<ReasonPhrase>().map(|p| p.as_bytes()),
             Some(&b"Request Header Fields Too Large"[..])
         );
+    }
+
+    #[tokio::test]
+    async fn a_head_too_long_is_refused_before_go_s_other_rules() {
+        let mut port = HeadLimit::new(ServerRulesLayer.layer(tower::service_fn(
+            |_: Request<()>| async { Ok::<_, Infallible>(Response::new(Body::empty())) },
+        )));
+        let options = |value: &str| {
+            Request::builder()
+                .method(Method::OPTIONS)
+                .uri("*")
+                .header(HOST, "h")
+                .header("x-big", value)
+                .body(())
+                .unwrap()
+        };
+        let res = port.call(options(&"a".repeat(MAX_HEADER_BYTES))).await;
+        assert_eq!(
+            res.unwrap().status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+        let res = port.call(options("a")).await;
+        assert_eq!(res.unwrap().status(), StatusCode::OK);
+        // HTTP/2 heads are bounded by the header list's size instead.
+        let mut h2 = options(&"a".repeat(MAX_HEADER_BYTES));
+        *h2.version_mut() = Version::HTTP_2;
+        assert!(too_long(&h2).is_none());
     }
 
     #[test]

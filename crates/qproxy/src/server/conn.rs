@@ -39,7 +39,7 @@ use super::head::{
 use super::rewind::Rewind;
 use crate::common::body::RequestBody;
 use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
-use crate::layers::server_rules::ServerRulesLayer;
+use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
@@ -328,9 +328,11 @@ pub(super) async fn connection<IO, S, B>(
                 h1::Served::HandOff(rest) => ahead = rest,
             }
         }
-        let service = TowerToHyperService::new(
+        // hyper reads heads of any length up to its buffer's: those longer
+        // than Go reads are refused before the port's service sees them.
+        let service = TowerToHyperService::new(HeadLimit::new(
             service.map_request(|req: Request<Incoming>| req.map(RequestBody::from_client)),
-        );
+        ));
         let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
         let served = match h2 {
             // HTTP/2's connection state is large and rare here: boxed, so

@@ -80,9 +80,10 @@ const STACK_HEADERS: usize = 64;
 /// Most memory of its last head a connection keeps between requests, to
 /// read the next one into.
 const KEEP_READ: usize = 2048;
-/// Longest head served here; a longer one goes to hyper, which refuses
-/// those over Go's limit.
+/// Longest head served here; a longer one goes to hyper, in front of
+/// which those over Go's limit are refused. None served here is that long.
 const MAX_HEAD: usize = 16 * 1024;
+const _: () = assert!(MAX_HEAD < crate::common::MAX_HEADER_BYTES);
 /// Largest request body served here, read whole before the request is
 /// served when it is all there already.
 const MAX_BODY: usize = 64 * 1024;
