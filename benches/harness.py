@@ -142,7 +142,7 @@ def build(args):
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
     counted = args.instructions and not args.smoke and any(n in COUNTED for n in args.contenders)
     for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])
-                 + (["valgrind"] if counted else [])
+                 + (["valgrind", "callgrind_control"] if counted else [])
                  + (["openssl"] if tls else []) + proxies):
         path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
         if not path:
@@ -775,11 +775,11 @@ COUNTED = ("qproxy", "qproxy-base", "qproxy-nometrics", "nginx", "haproxy")
 def run_instructions(args, bins):
     """{contender: instructions per request}: user-space instructions of
     each proxy, counted by callgrind over `args.instructions` and twice as
-    many of load 1's requests (4 connections kept alive, `h2load --h1`); the
-    difference, divided, leaves start-up and shutdown out. It moves by up to
-    about 2% from run to run (nginx's not at all), so it shows a change too
-    small for the CPU times' noise; it weighs neither the kernel's work nor
-    cache misses."""
+    many of load 1's requests (4 connections kept alive, `h2load --h1`),
+    counting from when the proxy serves; the difference, divided, leaves
+    shutdown out too. It moves by about 0.1% from run to run, so it shows
+    a change too small for the CPU times' noise; it weighs neither the
+    kernel's work nor cache misses."""
     counts = {}
     app, app_port = start_app(bins, "unpinned")
     try:
@@ -799,13 +799,18 @@ def run_instructions(args, bins):
 
 def count_instructions(name, bins, app_port, n):
     """The instructions callgrind counts in contender `name`, started
-    afresh, over `n` of load 1's requests and its start and shutdown."""
+    afresh, over `n` of load 1's requests and its shutdown: counting starts
+    once it serves, since what a start costs varies (qproxy's metrics
+    library calibrates its clock for a varying number of rounds)."""
     out = os.path.join(tempfile.gettempdir(), f"qproxy-bench-callgrind-{name}-{n}")
     c = Contender(name, bins, "unpinned")
-    c.wrap = [bins["valgrind"], "--tool=callgrind", f"--callgrind-out-file={out}"]
+    c.wrap = [bins["valgrind"], "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     try:
         try:
             c.start(app_port)
+            # Under valgrind the proxy keeps its PID (nginx is one process).
+            subprocess.run([bins["callgrind_control"], "--instr=on", str(c.procs[0].pid)],
+                           capture_output=True, text=True, check=True, timeout=60)
             done = subprocess.run([bins["h2load"], "--h1", "-n", str(n), "-c", "4",
                                    f"http://127.0.0.1:{c.port}/"], capture_output=True, text=True, check=True).stdout
             m = re.search(r"(\d+) succeeded", done)
@@ -934,7 +939,7 @@ def main():
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
     ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
-    ap.add_argument("--instructions", type=int, default=50000, metavar="N",
+    ap.add_argument("--instructions", type=int, default=20000, metavar="N",
                     help="count each proxy's instructions per request under callgrind over N and 2N requests "
                          "(0: not at all)")
     args = ap.parse_args()
