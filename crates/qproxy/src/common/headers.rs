@@ -55,15 +55,14 @@ pub(crate) fn first_values<'a, const N: usize>(
     headers: &'a HeaderMap,
     names: [&HeaderName; N],
 ) -> [Option<&'a HeaderValue>; N] {
-    let names = names.map(HeaderName::as_str);
     let mut found = [None; N];
     // Each name's first value comes first: `iter` yields a field's values
-    // in order, one field after another. Names are compared by length
-    // first, which tells most of them apart.
+    // in order, one field after another. Names are compared as names, not
+    // as text: a standard name (`Host`) and one of Knative's are told
+    // apart by their kind alone, and a standard one is never spelt out.
     for (name, value) in headers {
-        let name = name.as_str();
         for (wanted, slot) in names.iter().zip(found.iter_mut()) {
-            if name.len() == wanted.len() && slot.is_none() && name == *wanted {
+            if slot.is_none() && name == *wanted {
                 *slot = Some(value);
             }
         }
