@@ -147,7 +147,9 @@ pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
 
 /// Writes a header line, its name in [title case](title_case).
 pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    dst.reserve(name.as_str().len() + value.len() + 4);
+    // A standard name is spelt out by a table lookup: once.
+    let name = name.as_str();
+    dst.reserve(name.len() + value.len() + 4);
     title_case(dst, name);
     dst.extend_from_slice(b": ");
     dst.extend_from_slice(value.as_bytes());
@@ -156,9 +158,9 @@ pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderVa
 
 /// Writes `name` as hyper writes header names in title case (and Go
 /// writes them): the first letter and each one after a `-` upper-cased.
-pub(crate) fn title_case(dst: &mut Vec<u8>, name: &HeaderName) {
+pub(crate) fn title_case(dst: &mut Vec<u8>, name: &str) {
     let start = dst.len();
-    dst.extend_from_slice(name.as_str().as_bytes());
+    dst.extend_from_slice(name.as_bytes());
     let mut word = &mut dst[start..];
     while let Some(first) = word.first_mut() {
         first.make_ascii_uppercase();
@@ -917,7 +919,7 @@ mod tests {
             ("k-1x", "K-1x"),
         ] {
             let mut dst = b"GET / HTTP/1.1\r\n".to_vec();
-            title_case(&mut dst, &HeaderName::from_static(name));
+            title_case(&mut dst, HeaderName::from_static(name).as_str());
             assert_eq!(&dst[16..], want.as_bytes(), "{name}");
         }
     }

@@ -882,7 +882,7 @@ fn encode_head(
 
 /// Starts a header line that later values of its name may join.
 fn open_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    title_case(dst, name);
+    title_case(dst, name.as_str());
     dst.extend_from_slice(b": ");
     dst.extend_from_slice(value.as_bytes());
 }
