@@ -13,10 +13,10 @@
 //!   included) is `431` `Request Header Fields Too Large`, and the
 //!   connection is closed, before any of the above: Go refuses it as it
 //!   reads it. Only heads hyper reads can be that long ([`HeadLimit`], in
-//!   front of hyper's HTTP/1.1 connections: hyper's own limit is the same,
-//!   but it checks it only as its buffer grows, so a head a little over it
-//!   can get through); qproxy's own HTTP/1.1 server takes heads of up to
-//!   16 KiB and hands longer ones to hyper.
+//!   front of the service hyper's connections call: hyper's own limit is
+//!   the same, but it checks it only as its buffer grows, so a head a
+//!   little over it can get through); qproxy's own HTTP/1.1 server takes
+//!   heads of up to 16 KiB and hands longer ones to hyper.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -94,8 +94,8 @@ pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
 }
 
 /// Refuses an HTTP/1 request whose head is longer than Go reads, as Go's
-/// server does; passes the rest on. In front of hyper's HTTP/1.1
-/// connections, the only ones that read such heads.
+/// server does; passes the rest on. It stands in front of the service
+/// hyper's connections call: only heads hyper reads can be that long.
 #[derive(Debug, Clone)]
 pub(crate) struct HeadLimit<S> {
     inner: S,
