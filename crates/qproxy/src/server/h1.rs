@@ -528,7 +528,7 @@ fn parse(raw: &Bytes, spare: &mut HeaderMap) -> Parsed {
         };
         match name {
             // A length said once, in digits, is a body this module may take.
-            CONTENT_LENGTH if length.is_none() => match value.to_str().ok().and_then(digits) {
+            CONTENT_LENGTH if length.is_none() => match digits(value.as_bytes()) {
                 Some(n) => length = Some(n),
                 None => return Parsed::Hyper,
             },
@@ -795,7 +795,7 @@ fn encode_head(
                         continue;
                     }
                     Some(None) => {
-                        let Some(len) = value.to_str().ok().and_then(digits) else {
+                        let Some(len) = digits(value.as_bytes()) else {
                             return Err(());
                         };
                         if let Some(first) = first_len {
