@@ -14,7 +14,8 @@ use http::{HeaderMap, header};
 
 use crate::common::headers::{KEEP_ALIVE, PROXY_CONNECTION};
 
-/// Headers that are always hop-by-hop, besides those named in `Connection`.
+/// Headers that are always hop-by-hop, besides those named in `Connection`
+/// (at most eight: [`Present`] has a bit for each).
 const HOP_HEADERS: [HeaderName; 8] = [
     CONNECTION,
     PROXY_CONNECTION,
@@ -44,14 +45,15 @@ pub struct Hop {
 /// connection's later requests bypass the proxy. Clients that want HTTP/2
 /// use prior knowledge, which the main port serves.
 pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
-    if !has_hop_headers(headers) {
+    let present = hop_headers(headers);
+    if present.is_empty() {
         return Hop::default();
     }
     let upgrade = upgrade_type(headers)
         .filter(|p| !p.as_bytes().eq_ignore_ascii_case(b"h2c"))
         .cloned();
     let trailers = contains_token(headers, &TE, "trailers");
-    remove_hop_headers(headers);
+    remove_hop_headers(headers, present);
     if trailers {
         headers.insert(TE, HeaderValue::from_static("trailers"));
     }
@@ -64,8 +66,9 @@ pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
 
 /// Removes the hop-by-hop headers of a response bound for the client.
 pub fn prepare_response(headers: &mut HeaderMap) {
-    if has_hop_headers(headers) {
-        remove_hop_headers(headers);
+    let present = hop_headers(headers);
+    if !present.is_empty() {
+        remove_hop_headers(headers, present);
     }
 }
 
@@ -88,15 +91,37 @@ fn contains_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     })
 }
 
-/// Whether any header is one of [`HOP_HEADERS`] (`Connection` among
-/// them): most messages have none, and one pass over their few names
-/// costs less than looking each of those up.
-fn has_hop_headers(headers: &HeaderMap) -> bool {
-    headers.keys().any(|name| HOP_HEADERS.contains(name))
+/// Which of [`HOP_HEADERS`] a message has, one bit each: most messages
+/// have none (a gRPC request has `TE` alone), and one pass over their few
+/// names costs less than looking each of those up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Present(u8);
+
+impl Present {
+    fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn has(self, i: usize) -> bool {
+        self.0 & (1 << i) != 0
+    }
 }
 
-fn remove_hop_headers(headers: &mut HeaderMap) {
-    if headers.contains_key(CONNECTION) {
+fn hop_headers(headers: &HeaderMap) -> Present {
+    let mut present = 0;
+    for name in headers.keys() {
+        if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == name) {
+            present |= 1 << i;
+        }
+    }
+    Present(present)
+}
+
+/// Removes the headers `Connection` names and those of [`HOP_HEADERS`] the
+/// message has (`present`).
+fn remove_hop_headers(headers: &mut HeaderMap, present: Present) {
+    // `Connection` is the first of them.
+    if present.has(0) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
@@ -109,8 +134,10 @@ fn remove_hop_headers(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for name in &HOP_HEADERS {
-        headers.remove(name);
+    for (i, name) in HOP_HEADERS.iter().enumerate() {
+        if present.has(i) {
+            headers.remove(name);
+        }
     }
 }
 
