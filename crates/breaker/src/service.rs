@@ -124,10 +124,11 @@ pin_project! {
     where
         S: Service<Req>,
     {
-        // Refused at admission.
-        Rejected { res: Option<S::Response> },
+        // Refused at admission. Boxed, as is what a waiting request holds:
+        // both are rare, and every layer outside moves this future whole.
+        Rejected { res: Option<Box<S::Response>> },
         // Admitted, waiting for a slot.
-        Waiting { acquire: Acquire, next: Option<(S, Req)> },
+        Waiting { acquire: Acquire, next: Option<Box<(S, Req)>> },
         // Holding a slot (or exempt), waiting for the inner service.
         Called { #[pin] fut: S::Future, permit: Option<Permit> },
     }
@@ -135,14 +136,14 @@ pin_project! {
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     fn rejected(res: S::Response) -> Self {
-        let res = Some(res);
+        let res = Some(Box::new(res));
         ResponseFuture {
             state: State::Rejected { res },
         }
     }
 
     fn waiting(acquire: Acquire, inner: S, req: Req) -> Self {
-        let next = Some((inner, req));
+        let next = Some(Box::new((inner, req)));
         ResponseFuture {
             state: State::Waiting { acquire, next },
         }
@@ -166,15 +167,16 @@ where
             match self.as_mut().project().state.project() {
                 StateProj::Rejected { res } => {
                     return match res.take() {
-                        Some(res) => Poll::Ready(Ok(res.map(PermitBody::new))),
+                        Some(res) => Poll::Ready(Ok((*res).map(PermitBody::new))),
                         None => Poll::Pending,
                     };
                 }
                 StateProj::Waiting { acquire, next } => {
                     let permit = std::task::ready!(Pin::new(acquire).poll(cx));
-                    let Some((mut inner, req)) = next.take() else {
+                    let Some(next) = next.take() else {
                         return Poll::Pending;
                     };
+                    let (mut inner, req) = *next;
                     let fut = inner.call(req);
                     self.set(ResponseFuture::called(fut, Some(permit)));
                 }
