@@ -219,8 +219,8 @@ where
         }
 
         let head = req.method() == Method::HEAD;
-        let served = exchange(io, &mut pending, service, req, body_read.as_ref()).await;
-        let Some((res, watch)) = served else {
+        let mut watch = Watch::new(&pending, body_read.as_ref());
+        let Some(res) = exchange(io, &mut pending, service, req, &mut watch).await else {
             return Served::Closed;
         };
         let keep_alive = keep_alive && !watcher.is_stopping();
@@ -247,18 +247,18 @@ where
     }
 }
 
-/// Calls the service and waits for its response, watching the client as
-/// hyper does (once the request's body, if any, has been read): a client
-/// that closes its end (or fails) abandons the request, and `None` is
-/// returned. With the response, the watch, for the response's writing: it
+/// Calls the service and waits for its response, watching the client with
+/// `watch` as hyper does (once the request's body, if any, has been read):
+/// a client that closes its end (or fails) abandons the request, and
+/// `None` is returned. The watch goes on to the response's writing: it
 /// knows whether it polled the client in the wake-up that got the response.
-async fn exchange<'a, IO, S, B>(
+async fn exchange<IO, S, B>(
     io: &mut IO,
     pending: &mut BytesMut,
     service: &mut S,
     req: Request<RequestBody>,
-    body_read: Option<&'a BodyRead>,
-) -> Option<(Response<B>, Watch<'a>)>
+    watch: &mut Watch<'_>,
+) -> Option<Response<B>>
 where
     IO: AsyncRead + Unpin,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
@@ -268,8 +268,7 @@ where
         Err(never) => match never {},
     }
     let mut answer = pin!(service.call(req));
-    let mut watch = Watch::new(pending, body_read);
-    let res = poll_fn(|cx| {
+    poll_fn(|cx| {
         if watch.poll_gone(io, pending, cx).is_ready() {
             return Poll::Ready(None);
         }
@@ -286,8 +285,7 @@ where
         }
         Poll::Pending
     })
-    .await;
-    res.map(|res| (res, watch))
+    .await
 }
 
 /// Writes a response: its head, then its body. `Ok(Some(map))` when the
