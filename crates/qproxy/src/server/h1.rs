@@ -219,8 +219,18 @@ where
         }
 
         let head = req.method() == Method::HEAD;
+        match poll_fn(|cx| service.poll_ready(cx)).await {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
         let mut watch = Watch::new(&pending, body_read.as_ref());
-        let Some(res) = exchange(io, &mut pending, service, req, &mut watch).await else {
+        // The stack's future is made in place here (the request moved into
+        // it, not first into the exchange's), and dropped once it answers.
+        let answered = {
+            let answer = pin!(service.call(req));
+            exchange(io, &mut pending, answer, &mut watch).await
+        };
+        let Some(res) = answered else {
             return Served::Closed;
         };
         let keep_alive = keep_alive && !watcher.is_stopping();
@@ -247,27 +257,21 @@ where
     }
 }
 
-/// Calls the service and waits for its response, watching the client with
+/// Waits for the stack's `answer` to a request, watching the client with
 /// `watch` as hyper does (once the request's body, if any, has been read):
 /// a client that closes its end (or fails) abandons the request, and
 /// `None` is returned. The watch goes on to the response's writing: it
 /// knows whether it polled the client in the wake-up that got the response.
-async fn exchange<IO, S, B>(
+async fn exchange<IO, F, B>(
     io: &mut IO,
     pending: &mut BytesMut,
-    service: &mut S,
-    req: Request<RequestBody>,
+    mut answer: Pin<&mut F>,
     watch: &mut Watch<'_>,
 ) -> Option<Response<B>>
 where
     IO: AsyncRead + Unpin,
-    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
+    F: Future<Output = Result<Response<B>, Infallible>>,
 {
-    match poll_fn(|cx| service.poll_ready(cx)).await {
-        Ok(()) => {}
-        Err(never) => match never {},
-    }
-    let mut answer = pin!(service.call(req));
     poll_fn(|cx| {
         if watch.poll_gone(io, pending, cx).is_ready() {
             return Poll::Ready(None);
