@@ -33,6 +33,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -77,6 +78,7 @@ impl<S> Layer<S> for TimeoutLayer {
             inner,
             timeouts: self.timeouts,
             generation: self.generation,
+            spare: SpareTimer::default(),
         }
     }
 }
@@ -88,6 +90,9 @@ pub(crate) struct Timeout<S> {
     inner: S,
     timeouts: Timeouts,
     generation: Generation,
+    /// The timer the last request left, shared by the clones of this
+    /// service (one stack serves one connection).
+    spare: SpareTimer,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Timeout<S>
@@ -113,8 +118,64 @@ where
         }
         TimeoutFuture {
             inner: self.inner.call(req),
-            sleep: sleep_until(deadline),
+            timer: self.spare.take(deadline),
             clock,
+        }
+    }
+}
+
+/// A connection's timer, kept from one request to the next. Armed again
+/// for a later deadline, a timer registered with the runtime only has its
+/// expiry moved (an atomic store; the runtime re-files it when the old one
+/// comes); a new one is filed in the timer wheel on its first poll and
+/// taken out again when dropped, under the wheel's lock both times.
+/// Requests served at once (HTTP/2 streams) each have their own, and one
+/// of them is kept.
+#[derive(Debug, Clone, Default)]
+struct SpareTimer(Arc<Mutex<Option<Pin<Box<Sleep>>>>>);
+
+impl SpareTimer {
+    /// A timer for `deadline`: the spare one if it is there.
+    fn take(&self, deadline: Instant) -> Timer {
+        let spare = self.0.lock().ok().and_then(|mut spare| spare.take());
+        let sleep = match spare {
+            Some(mut sleep) => {
+                sleep.as_mut().reset(deadline);
+                sleep
+            }
+            None => Box::pin(sleep_until(deadline)),
+        };
+        Timer {
+            sleep: Some(sleep),
+            home: self.clone(),
+        }
+    }
+}
+
+/// A request's timer, given back to its connection's [`SpareTimer`] when
+/// the request is answered. Left there, it may still fire once, waking the
+/// task that last polled it for nothing.
+#[derive(Debug)]
+struct Timer {
+    sleep: Option<Pin<Box<Sleep>>>,
+    home: SpareTimer,
+}
+
+impl Timer {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        if let Ok(mut spare) = self.home.0.lock()
+            && spare.is_none()
+        {
+            *spare = self.sleep.take();
         }
     }
 }
@@ -194,8 +255,7 @@ pin_project! {
     pub(crate) struct TimeoutFuture<F> {
         #[pin]
         inner: F,
-        #[pin]
-        sleep: Sleep,
+        timer: Timer,
         clock: Clock,
     }
 }
@@ -213,7 +273,7 @@ where
             let clock = *this.clock;
             return Poll::Ready(Ok(res.map(|body| TimeoutBody::started(body, clock))));
         }
-        if this.sleep.poll(cx).is_pending() {
+        if this.timer.poll(cx).is_pending() {
             return Poll::Pending;
         }
         let (_, fired) = this.clock.before_start();
@@ -471,5 +531,65 @@ mod tests {
         let cut = body.frame().await.expect("a frame");
         assert!(cut.is_err_and(|e| e.is::<TimedOut>()));
         assert!(body.frame().await.is_some_and(|f| f.is_err()));
+    }
+
+    /// [`Timeout`] over an app that answers `/` at once and `/never` never.
+    fn timed(
+        t: Timeouts,
+    ) -> Timeout<
+        impl Service<Request<()>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone,
+    > {
+        let app = tower::service_fn(|req: Request<()>| async move {
+            if req.uri() == "/never" {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, Infallible>(Response::new(Body::empty()))
+        });
+        TimeoutLayer::new(t, Generation::Classic).layer(app)
+    }
+
+    fn get(path: &str) -> Request<()> {
+        Request::get(path).body(()).expect("a request")
+    }
+
+    fn spare(svc: &Timeout<impl Sized>) -> bool {
+        svc.spare.0.lock().is_ok_and(|spare| spare.is_some())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_request_is_timed_from_its_own_start_on_the_timer_the_last_left() {
+        let mut svc = timed(timeouts(10, None, None));
+        let res = svc.call(get("/")).await.expect("infallible");
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(spare(&svc), "the answered request left its timer");
+
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let start = Instant::now();
+        let mut waiting = std::pin::pin!(svc.call(get("/never")));
+        assert!(!spare(&svc), "the next request took it");
+        // The timer was armed for the first request's deadline, five
+        // seconds from now: it must not fire then.
+        let early = tokio::time::timeout(Duration::from_millis(9_999), waiting.as_mut()).await;
+        assert!(early.is_err(), "timed out before its own deadline");
+        let res = waiting.await.expect("infallible");
+        assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_at_once_each_have_a_timer_and_one_is_kept() {
+        let mut svc = timed(timeouts(10, None, None));
+        let first = svc.call(get("/never"));
+        let second = svc.clone().call(get("/never"));
+        let (first, second) = tokio::join!(first, second);
+        for res in [first, second] {
+            assert_eq!(
+                res.expect("infallible").status(),
+                StatusCode::GATEWAY_TIMEOUT
+            );
+        }
+        assert!(spare(&svc));
+        let res = svc.call(get("/")).await.expect("infallible");
+        assert_eq!(res.status(), StatusCode::OK);
     }
 }
