@@ -78,7 +78,7 @@ impl<S> Layer<S> for TimeoutLayer {
             inner,
             timeouts: self.timeouts,
             generation: self.generation,
-            spare: SpareTimer::default(),
+            spare: SpareTimers::default(),
         }
     }
 }
@@ -90,9 +90,9 @@ pub(crate) struct Timeout<S> {
     inner: S,
     timeouts: Timeouts,
     generation: Generation,
-    /// The timer the last request left, shared by the clones of this
+    /// The timers earlier requests left, shared by the clones of this
     /// service (one stack serves one connection).
-    spare: SpareTimer,
+    spare: SpareTimers,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Timeout<S>
@@ -124,20 +124,22 @@ where
     }
 }
 
-/// A connection's timer, kept from one request to the next. Armed again
+/// The timers kept for a connection's later requests: as many as the
+/// requests it has served at once (HTTP/2 streams), up to this many.
+const SPARE_TIMERS: usize = 8;
+
+/// A connection's timers, kept from one request to the next. Armed again
 /// for a later deadline, a timer registered with the runtime only has its
 /// expiry moved (an atomic store; the runtime re-files it when the old one
 /// comes); a new one is filed in the timer wheel on its first poll and
 /// taken out again when dropped, under the wheel's lock both times.
-/// Requests served at once (HTTP/2 streams) each have their own, and one
-/// of them is kept.
 #[derive(Debug, Clone, Default)]
-struct SpareTimer(Arc<Mutex<Option<Pin<Box<Sleep>>>>>);
+struct SpareTimers(Arc<Mutex<Vec<Pin<Box<Sleep>>>>>);
 
-impl SpareTimer {
-    /// A timer for `deadline`: the spare one if it is there.
+impl SpareTimers {
+    /// A timer for `deadline`: a spare one if there is one.
     fn take(&self, deadline: Instant) -> Timer {
-        let spare = self.0.lock().ok().and_then(|mut spare| spare.take());
+        let spare = self.0.lock().ok().and_then(|mut spare| spare.pop());
         let sleep = match spare {
             Some(mut sleep) => {
                 sleep.as_mut().reset(deadline);
@@ -152,13 +154,15 @@ impl SpareTimer {
     }
 }
 
-/// A request's timer, given back to its connection's [`SpareTimer`] when
+/// A request's timer, given back to its connection's [`SpareTimers`] when
 /// the request is answered. Left there, it may still fire once, waking the
-/// task that last polled it for nothing.
+/// task that last polled it for nothing, and it keeps that task's waker
+/// until a later request polls it: for HTTP/1 the connection's own task,
+/// for HTTP/2 a stream's, whose memory stays until then once it has ended.
 #[derive(Debug)]
 struct Timer {
     sleep: Option<Pin<Box<Sleep>>>,
-    home: SpareTimer,
+    home: SpareTimers,
 }
 
 impl Timer {
@@ -172,10 +176,10 @@ impl Timer {
 
 impl Drop for Timer {
     fn drop(&mut self) {
-        if let Ok(mut spare) = self.home.0.lock()
-            && spare.is_none()
+        if let (Some(sleep), Ok(mut spare)) = (self.sleep.take(), self.home.0.lock())
+            && spare.len() < SPARE_TIMERS
         {
-            *spare = self.sleep.take();
+            spare.push(sleep);
         }
     }
 }
@@ -552,8 +556,8 @@ mod tests {
         Request::get(path).body(()).expect("a request")
     }
 
-    fn spare(svc: &Timeout<impl Sized>) -> bool {
-        svc.spare.0.lock().is_ok_and(|spare| spare.is_some())
+    fn spare(svc: &Timeout<impl Sized>) -> usize {
+        svc.spare.0.lock().map_or(0, |spare| spare.len())
     }
 
     #[tokio::test(start_paused = true)]
@@ -561,12 +565,12 @@ mod tests {
         let mut svc = timed(timeouts(10, None, None));
         let res = svc.call(get("/")).await.expect("infallible");
         assert_eq!(res.status(), StatusCode::OK);
-        assert!(spare(&svc), "the answered request left its timer");
+        assert_eq!(spare(&svc), 1, "the answered request left its timer");
 
         tokio::time::advance(Duration::from_secs(5)).await;
         let start = Instant::now();
         let mut waiting = std::pin::pin!(svc.call(get("/never")));
-        assert!(!spare(&svc), "the next request took it");
+        assert_eq!(spare(&svc), 0, "the next request took it");
         // The timer was armed for the first request's deadline, five
         // seconds from now: it must not fire then.
         let early = tokio::time::timeout(Duration::from_millis(9_999), waiting.as_mut()).await;
@@ -577,19 +581,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn requests_at_once_each_have_a_timer_and_one_is_kept() {
-        let mut svc = timed(timeouts(10, None, None));
-        let first = svc.call(get("/never"));
-        let second = svc.clone().call(get("/never"));
-        let (first, second) = tokio::join!(first, second);
-        for res in [first, second] {
+    async fn requests_at_once_each_have_a_timer_and_some_are_kept() {
+        let svc = timed(timeouts(10, None, None));
+        let at_once = (0..SPARE_TIMERS + 2).map(|_| svc.clone().call(get("/never")));
+        for res in futures_util::future::join_all(at_once).await {
             assert_eq!(
                 res.expect("infallible").status(),
                 StatusCode::GATEWAY_TIMEOUT
             );
         }
-        assert!(spare(&svc));
-        let res = svc.call(get("/")).await.expect("infallible");
+        assert_eq!(spare(&svc), SPARE_TIMERS);
+        let res = svc.clone().call(get("/")).await.expect("infallible");
         assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(spare(&svc), SPARE_TIMERS);
     }
 }
