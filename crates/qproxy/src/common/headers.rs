@@ -90,6 +90,16 @@ pub(crate) fn kubelet_probe(ua: Option<&HeaderValue>, kubelet: Option<&HeaderVal
 pub(crate) fn is_probe(headers: &HeaderMap) -> bool {
     let [ua, kubelet, network] =
         first_values(headers, [&USER_AGENT, &K_KUBELET_PROBE, &K_NETWORK_PROBE]);
+    probe(ua, kubelet, network)
+}
+
+/// [`is_probe`] of a request with this `User-Agent`, `K-Kubelet-Probe`
+/// and `K-Network-Probe`.
+pub(crate) fn probe(
+    ua: Option<&HeaderValue>,
+    kubelet: Option<&HeaderValue>,
+    network: Option<&HeaderValue>,
+) -> bool {
     kubelet_probe(ua, kubelet) || network.is_some_and(|v| !v.is_empty())
 }
 

@@ -35,7 +35,7 @@ use crate::common::headers::is_probe;
 use crate::common::outcome::{Ended, Observed, Record};
 use crate::observe::UserMetrics;
 use crate::observe::current_metrics::{CurrentMetrics, HttpAttributes};
-use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag};
+use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag_unless_probe};
 
 /// Adds [`Metrics`] to a stack.
 #[derive(Debug, Clone)]
@@ -106,37 +106,28 @@ where
         }
         // Probes are not measured, but for current Knative's HTTP client
         // (see `HttpAttributes`), which measures those the proxy passes on.
-        let measured = |metrics: &UserMetrics| {
-            !is_probe(req.headers())
-                || matches!(
-                    (metrics, layer.scope),
-                    (UserMetrics::Current(_), Scope::App)
-                )
-        };
-        let measuring = match &layer.metrics {
-            Some(metrics) if measured(metrics) => {
-                let series = match metrics {
-                    UserMetrics::Classic(m) => {
-                        let tag = match layer.scope {
-                            Scope::Revision => route_tag(req.headers()),
-                            Scope::App => Cow::Borrowed(""),
-                        };
-                        Series::Classic(m.clone(), tag)
-                    }
-                    UserMetrics::Current(m) => {
-                        Series::Current(m.clone(), Box::new(HttpAttributes::of(&req)))
-                    }
+        let series = match &layer.metrics {
+            Some(UserMetrics::Classic(m)) => {
+                let tag = match layer.scope {
+                    Scope::Revision => route_tag_unless_probe(req.headers()),
+                    Scope::App => (!is_probe(req.headers())).then_some(Cow::Borrowed("")),
                 };
-                Some(Observed::new(
-                    req.method(),
-                    Measuring {
-                        series,
-                        scope: layer.scope,
-                    },
-                ))
+                tag.map(|tag| Series::Classic(m.clone(), tag))
             }
-            _ => None,
+            Some(UserMetrics::Current(m)) => (layer.scope == Scope::App
+                || !is_probe(req.headers()))
+            .then(|| Series::Current(m.clone(), Box::new(HttpAttributes::of(&req)))),
+            None => None,
         };
+        let measuring = series.map(|series| {
+            Observed::new(
+                req.method(),
+                Measuring {
+                    series,
+                    scope: layer.scope,
+                },
+            )
+        });
         GuardedFuture::new(self.inner.call(req), measuring)
     }
 }

@@ -359,23 +359,34 @@ fn is_label_value(value: &str) -> bool {
 /// every request is counted under.
 const DEFAULT_ROUTE_TAG: &str = "DISABLED";
 
-/// The route tag label of a request, as Knative names it; allocates only
-/// for a named tag.
-pub(crate) fn route_tag(headers: &http::HeaderMap) -> Cow<'static, str> {
+/// The route tag label of a request Knative measures, as Knative names it
+/// (allocating only for a named tag), or `None` for a probe, which is not
+/// measured: both from one pass over the request's fields.
+pub(crate) fn route_tag_unless_probe(headers: &http::HeaderMap) -> Option<Cow<'static, str>> {
     use crate::common::headers::{
-        KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG, first_values,
+        K_KUBELET_PROBE, K_NETWORK_PROBE, KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG,
+        first_values, probe,
     };
-    let [tag, default_route] = first_values(
+    let [ua, kubelet, network, tag, default_route] = first_values(
         headers,
-        [&KNATIVE_SERVING_TAG, &KNATIVE_SERVING_DEFAULT_ROUTE],
-    )
-    .map(|v| v.map_or(&b""[..], |v| v.as_bytes()));
-    match (tag.is_empty(), default_route) {
+        [
+            &http::header::USER_AGENT,
+            &K_KUBELET_PROBE,
+            &K_NETWORK_PROBE,
+            &KNATIVE_SERVING_TAG,
+            &KNATIVE_SERVING_DEFAULT_ROUTE,
+        ],
+    );
+    if probe(ua, kubelet, network) {
+        return None;
+    }
+    let [tag, default_route] = [tag, default_route].map(|v| v.map_or(&b""[..], |v| v.as_bytes()));
+    Some(match (tag.is_empty(), default_route) {
         (true, b"") => Cow::Borrowed(DEFAULT_ROUTE_TAG),
         (true, _) => Cow::Borrowed("DEFAULT"),
         (false, b"true") => Cow::Borrowed("UNDEFINED"),
         (false, _) => Cow::Owned(String::from_utf8_lossy(tag).into_owned()),
-    }
+    })
 }
 
 #[cfg(test)]
@@ -396,7 +407,11 @@ mod tests {
 
     #[test]
     fn route_tags_follow_knative() {
-        let tag = |pairs: &[(&str, &str)]| route_tag(&header_map(pairs)).into_owned();
+        let tag = |pairs: &[(&str, &str)]| {
+            route_tag_unless_probe(&header_map(pairs))
+                .expect("not a probe")
+                .into_owned()
+        };
         assert_eq!(tag(&[]), "DISABLED");
         assert_eq!(
             tag(&[("knative-serving-default-route", "false")]),
@@ -410,6 +425,28 @@ mod tests {
             ]),
             "UNDEFINED"
         );
+    }
+
+    #[test]
+    fn probes_have_no_route_tag_as_is_probe_decides() {
+        use crate::common::headers::is_probe;
+        for pairs in [
+            &[("user-agent", "kube-probe/1.30")][..],
+            &[("k-kubelet-probe", "queue")],
+            &[
+                ("k-network-probe", "probe"),
+                ("knative-serving-tag", "blue"),
+            ],
+            &[("k-network-probe", "")],
+            &[("user-agent", "curl/8"), ("knative-serving-tag", "blue")],
+        ] {
+            let headers = header_map(pairs);
+            assert_eq!(
+                route_tag_unless_probe(&headers).is_none(),
+                is_probe(&headers),
+                "{pairs:?}"
+            );
+        }
     }
 
     #[test]
