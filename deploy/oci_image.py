@@ -76,17 +76,28 @@ def tar_dir(name, mtime):
     return info
 
 
-def layer(binary, path, mtime):
-    """The root filesystem as an uncompressed tar, entries in a fixed order."""
+def layer(entries, mtime):
+    """A root filesystem as an uncompressed tar, entries in the order given:
+    (path, bytes, mode) for a file, (path, None, mode) for a directory."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar.addfile(tar_dir("etc", mtime))
-        for name in ("group", "passwd"):
-            with open(os.path.join(ROOTFS, "etc", name), "rb") as f:
-                tar.addfile(*tar_entry("etc/" + name, f.read(), 0o644, mtime))
-        with open(binary, "rb") as f:
-            tar.addfile(*tar_entry(path, f.read(), 0o755, mtime))
+        for name, data, mode in entries:
+            if data is None:
+                info = tar_dir(name, mtime)
+                info.mode = mode
+                tar.addfile(info)
+            else:
+                tar.addfile(*tar_entry(name, data, mode, mtime))
     return out.getvalue()
+
+
+def user_files():
+    """/etc/passwd and /etc/group from deploy/rootfs: root and nonroot (65532)."""
+    entries = [("etc", None, 0o755)]
+    for name in ("group", "passwd"):
+        with open(os.path.join(ROOTFS, "etc", name), "rb") as f:
+            entries.append(("etc/" + name, f.read(), 0o644))
+    return entries
 
 
 def qualified(tag):
@@ -111,7 +122,29 @@ def canonical(obj):
 def build(binary, image, tag, arch, version, mtime):
     """Returns the archive's files, path -> bytes, in the order they are written."""
     kind = IMAGES[image]
-    rootfs = layer(binary, image, mtime)
+    with open(binary, "rb") as f:
+        entries = user_files() + [(image, f.read(), 0o755)]
+    config = {
+        "User": kind["user"],
+        **({"Env": kind["env"]} if "env" in kind else {}),
+        "Entrypoint": ["/" + image],
+        "ExposedPorts": {f"{p}/tcp": {} for p in kind["ports"]},
+    }
+    labels = {
+        "org.opencontainers.image.title": image,
+        "org.opencontainers.image.description": kind["description"],
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.licenses": "Apache-2.0",
+    }
+    return archive_files(entries, config, labels, tag, arch, mtime, "deploy/build-image.sh")
+
+
+def archive_files(entries, config, labels, tag, arch, mtime, created_by):
+    """An image of one layer holding `entries` (see `layer`), run as
+    `config` (the image config's User, Env, Entrypoint, Cmd,
+    ExposedPorts); returns the archive's files, path -> bytes, in the order
+    they are written, and the compressed layer's size."""
+    rootfs = layer(entries, mtime)
     compressed = io.BytesIO()
     with gzip.GzipFile(fileobj=compressed, mode="wb", mtime=0) as gz:
         gz.write(rootfs)
@@ -123,21 +156,9 @@ def build(binary, image, tag, arch, version, mtime):
             "architecture": arch,
             "os": "linux",
             "created": created,
-            "config": {
-                "User": kind["user"],
-                **({"Env": kind["env"]} if "env" in kind else {}),
-                "Entrypoint": ["/" + image],
-                "ExposedPorts": {f"{p}/tcp": {} for p in kind["ports"]},
-                "WorkingDir": "/",
-                "Labels": {
-                    "org.opencontainers.image.title": image,
-                    "org.opencontainers.image.description": kind["description"],
-                    "org.opencontainers.image.version": version,
-                    "org.opencontainers.image.licenses": "Apache-2.0",
-                },
-            },
+            "config": {**config, "WorkingDir": "/", "Labels": labels},
             "rootfs": {"type": "layers", "diff_ids": [digest(rootfs)]},
-            "history": [{"created": created, "created_by": "deploy/build-image.sh"}],
+            "history": [{"created": created, "created_by": created_by}],
         }
     )
     manifest = canonical(
@@ -209,14 +230,20 @@ def main():
     files, layer_size = build(
         args.binary, args.image, args.tag, args.arch, args.version, mtime
     )
-    tmp = args.out + ".tmp"
+    write_archive(args.out, files, mtime)
+    print(f"{args.out}: {args.tag}, compressed layer {layer_size} bytes", file=sys.stderr)
+
+
+def write_archive(out, files, mtime):
+    """Writes the files `archive_files` returned as the image archive `out`,
+    in place of any earlier one."""
+    tmp = out + ".tmp"
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tar.addfile(tar_dir("blobs", mtime))
         tar.addfile(tar_dir("blobs/sha256", mtime))
         for name, data in files:
             tar.addfile(*tar_entry(name, data, 0o644, mtime))
-    os.replace(tmp, args.out)
-    print(f"{args.out}: {args.tag}, compressed layer {layer_size} bytes", file=sys.stderr)
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":
