@@ -1,0 +1,262 @@
+"""What the cluster is made of, built from the package registries into
+target/cluster: the Debian packages it runs with, its Go programs (each from
+a module under cluster/ that pins it), and the images it runs, each packed
+without a container engine (deploy/oci_image.py) and imported into
+containerd.
+
+Each Go build is remembered by a stamp of its module's files: a later `up`
+builds again only what changed.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from . import util
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+import oci_image  # noqa: E402  (the packer the release image uses)
+
+KUBERNETES = "v1.34.4"
+CONTAINERD = "v2.2.9"
+TRAEFIK = "v3.6.12"
+GATEWAY_API = "v1.4.0"
+# The Knative Serving releases the cluster can install: current (the
+# default) and classic.
+SERVINGS = ("v0.50.0", "v0.42.2")
+PAUSE = "3.10"
+
+# Debian packages: the command that shows each is there, and the package.
+PACKAGES = {
+    "runc": "runc",
+    "/usr/lib/cni/bridge": "containernetworking-plugins",
+    "iptables": "iptables",
+    "conntrack": "conntrack",
+    "openssl": "openssl",
+    "nsenter": "util-linux",
+    "ip": "iproute2",
+    "mount": "mount",
+    "gcc": "gcc",
+    "/usr/lib/x86_64-linux-gnu/libc.a": "libc6-dev",
+}
+
+
+def packages_missing():
+    missing = []
+    for what, package in PACKAGES.items():
+        found = os.path.exists(what) if what.startswith("/") else shutil.which(what)
+        if not found and package not in missing:
+            missing.append(package)
+    return missing
+
+
+def install_packages(log):
+    missing = packages_missing()
+    if not missing:
+        return
+    util.say(f"installing {' '.join(missing)} (Debian packages)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if util.run(["apt-get", "install", "-y", "-q"] + missing, log=log, check=False, env=env) != 0:
+        util.run(["apt-get", "update", "-q"], log=log, env=env)
+        util.run(["apt-get", "install", "-y", "-q"] + missing, log=log, env=env)
+
+
+class Builder:
+    def __init__(self, node):
+        self.node = node
+        self.build = node.build
+        self.bin = node.bin
+        self.images = os.path.join(self.build, "images")
+        self.log = node.log("build")
+
+    # ---- Go programs -------------------------------------------------------------
+
+    def module(self, name):
+        return os.path.join(ROOT, "cluster", name)
+
+    def stamp(self, module, extra=""):
+        digest = hashlib.sha256(extra.encode())
+        for name in sorted(os.listdir(module)):
+            path = os.path.join(module, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read())
+        return digest.hexdigest()
+
+    def go_build(self, what, module, packages, out, ldflags=""):
+        """Builds `packages` of the module folder `module` (under cluster/)
+        into `out` (a file for one package, a folder for several), unless
+        the stamp of that module says it is already there."""
+        folder = self.module(module)
+        stamp_file = out.rstrip("/") + ".stamp"
+        stamp = self.stamp(folder, " ".join(packages) + ldflags)
+        if os.path.exists(out) and os.path.exists(stamp_file):
+            with open(stamp_file) as f:
+                if f.read() == stamp:
+                    return False
+        util.say(f"building {what} (Go module proxy; the first time takes minutes)")
+        os.makedirs(os.path.dirname(out.rstrip("/")), exist_ok=True)
+        env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false -mod=mod"}
+        args = ["go", "build", "-trimpath", "-ldflags", ("-s -w " + ldflags).strip(), "-o", out] + packages
+        util.run(args, log=self.log, env=env, cwd=folder)
+        with open(stamp_file, "w") as f:
+            f.write(stamp)
+        return True
+
+    def build_all(self, serving):
+        k = KUBERNETES.lstrip("v").split(".")
+        version = "k8s.io/component-base/version"
+        self.go_build(
+            f"Kubernetes {KUBERNETES}, etcd, CoreDNS and kubectl (one binary)",
+            "kube",
+            ["."],
+            os.path.join(self.bin, "kube"),
+            ldflags=(
+                f"-X {version}.gitVersion={KUBERNETES} -X {version}.gitMajor={k[0]} "
+                f"-X {version}.gitMinor={k[1]} -X {version}.gitTreeState=clean "
+                f"-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES}"
+            ),
+        )
+        for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
+                     "kube-proxy", "kubectl", "etcd", "coredns"):
+            link = os.path.join(self.bin, name)
+            if not os.path.islink(link):
+                os.symlink("kube", link)
+        self.go_build(
+            f"containerd {CONTAINERD}",
+            "containerd",
+            ["github.com/containerd/containerd/v2/cmd/containerd",
+             "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+             "github.com/containerd/containerd/v2/cmd/ctr"],
+            os.path.join(self.bin, "containerd.d") + "/",
+            ldflags=f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD}",
+        )
+        for name in ("containerd", "containerd-shim-runc-v2", "ctr"):
+            link = os.path.join(self.bin, name)
+            if not os.path.islink(link):
+                os.symlink(os.path.join("containerd.d", name), link)
+        self.go_build(
+            f"Traefik {TRAEFIK}",
+            "traefik",
+            ["github.com/traefik/traefik/v3/cmd/traefik"],
+            os.path.join(self.bin, "traefik"),
+            ldflags=f"-X github.com/traefik/traefik/v3/pkg/version.Version={TRAEFIK}",
+        )
+        self.go_build(
+            f"Knative Serving {serving} and its test images",
+            f"serving/{serving}",
+            serving_packages(self.module(f"serving/{serving}")),
+            os.path.join(self.bin, f"serving-{serving}") + "/",
+        )
+        self.build_pause()
+
+    def build_pause(self):
+        out = os.path.join(self.bin, "pause")
+        if os.path.exists(out):
+            return
+        source = os.path.join(self.module_dir("k8s.io/kubernetes", KUBERNETES, "kube"), "build", "pause", "linux", "pause.c")
+        util.say("building the pause container (the Kubernetes module's pause.c)")
+        util.run(["gcc", "-Os", "-static", "-o", out + ".tmp", source], log=self.log)
+        util.run(["strip", out + ".tmp"], log=self.log, check=False)
+        os.replace(out + ".tmp", out)
+
+    def module_dir(self, path, version, module):
+        """The unpacked source of `path@version`, as the module `module`
+        (under cluster/) resolves it."""
+        out = util.run(
+            ["go", "mod", "download", "-json", f"{path}@{version}"],
+            capture=True,
+            cwd=self.module(module),
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+        )
+        return json.loads(out)["Dir"]
+
+    # ---- images ------------------------------------------------------------------
+
+    def image(self, name, tag, binary, entrypoint, user="65532", env=(), ko=False):
+        """Packs `binary` as the image `name:tag` (an archive under
+        target/cluster/images) unless that archive is newer than it; returns
+        the archive's path and the image's name. `ko` lays it out as ko
+        does for Knative's images: /ko-app/<name>, KO_DATA_PATH, a /tmp."""
+        out = os.path.join(self.images, f"{name.replace('/', '_')}-{tag}.tar")
+        ref = f"ko.local/{name}:{tag}"
+        if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(binary):
+            return out, ref
+        os.makedirs(self.images, exist_ok=True)
+        with open(binary, "rb") as f:
+            data = f.read()
+        entries = oci_image.user_files() + [("tmp", None, 0o1777)]
+        environment = list(env)
+        if ko:
+            entries += [("ko-app", None, 0o755), (entrypoint.lstrip("/"), data, 0o755),
+                        ("var", None, 0o755), ("var/run", None, 0o755), ("var/run/ko", None, 0o755)]
+            environment += ["KO_DATA_PATH=/var/run/ko",
+                            "PATH=/ko-app:/usr/local/bin:/usr/bin:/bin"]
+        else:
+            entries.append((entrypoint.lstrip("/"), data, 0o755))
+        config = {"User": user, "Entrypoint": [entrypoint]}
+        if environment:
+            config["Env"] = environment
+        labels = {"org.opencontainers.image.title": name, "org.opencontainers.image.version": tag}
+        mtime = 0
+        files, _ = oci_image.archive_files(entries, config, labels, ref, "amd64", mtime, "scripts/cluster")
+        oci_image.write_archive(out, files, mtime)
+        return out, ref
+
+    def cluster_images(self, serving):
+        """Every image the cluster runs but qproxy's: (archive, name)."""
+        images = [
+            self.image("pause", PAUSE, os.path.join(self.bin, "pause"), "/pause", user="65535"),
+            self.image("traefik", TRAEFIK, os.path.join(self.bin, "traefik"), "/traefik"),
+        ]
+        folder = os.path.join(self.bin, f"serving-{serving}")
+        for name in sorted(os.listdir(folder)):
+            component = name in ("activator", "autoscaler", "controller", "webhook", "queue")
+            # Knative's test images go by the tag its e2e tests ask for.
+            tag = serving if component else "e2e"
+            images.append(self.image(name, tag, os.path.join(folder, name), f"/ko-app/{name}", ko=True))
+        return images
+
+    def qproxy_image(self):
+        """qproxy's release image, built by deploy/build-image.sh and named
+        after its binary's digest, so that a changed qproxy is a new image
+        (and new revisions) rather than the same name over other bytes."""
+        util.say("building qproxy's image (deploy/build-image.sh)")
+        out = subprocess.run(
+            [os.path.join(ROOT, "deploy", "build-image.sh")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=open(self.log, "ab"),
+        )
+        if out.returncode != 0:
+            raise util.PhaseError("deploy/build-image.sh failed", self.log)
+        archive = os.path.join(ROOT, out.stdout.decode().strip().splitlines()[-1])
+        binary = os.path.join(ROOT, "target", "image", "x86_64-unknown-linux-gnu", "release", "qproxy")
+        with open(binary, "rb") as f:
+            short = hashlib.sha256(f.read()).hexdigest()[:12]
+        version = read_version()
+        tag = f"{version}-{short}"
+        # The archive names the image qproxy:<version>; containerd takes the
+        # name it is told.
+        return archive, f"ko.local/qproxy:{tag}"
+
+
+def read_version():
+    with open(os.path.join(ROOT, "Cargo.toml")) as f:
+        for line in f:
+            if line.startswith("version = "):
+                return line.split('"')[1]
+    return "0"
+
+
+def serving_packages(folder):
+    """The packages a serving module's tools.go names."""
+    packages = []
+    with open(os.path.join(folder, "tools.go")) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith('_ "knative.dev/'):
+                packages.append(line.split('"')[1])
+    return packages

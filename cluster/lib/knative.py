@@ -1,0 +1,241 @@
+"""Knative Serving and its ingress on the node: the release's own YAML,
+assembled from the serving module's config/ as Knative's release script
+assembles it, with the locally built images; Traefik with its Knative and
+Gateway API providers; and the queue-proxy image switch."""
+
+import glob
+import json
+import os
+import re
+import time
+
+from . import build, node as nodes, util
+
+INGRESS_CLASS = "traefik.ingress.networking.knative.dev"
+# The domain Knative gives routes; nothing resolves it, clients send it as
+# the Host to the ingress.
+DOMAIN = "example.com"
+# Traefik's Services get fixed addresses, so that tests and Knative's e2e
+# tests (--ingressendpoint) can be told them.
+INGRESS_IP = "10.96.0.80"
+INGRESS_LOCAL_IP = "10.96.0.81"
+CHOICE = os.path.join(nodes.RUN, "queue-proxy")
+
+# Files of the serving repository that are symlinks into vendor/ and so are
+# missing from its module zip: (module, path in it).
+VENDORED = {
+    "300-imagecache.yaml": ("knative.dev/caching", "config/image.yaml"),
+    "300-resources/certificate.yaml": ("knative.dev/networking", "config/certificate.yaml"),
+    "300-resources/domain-claim.yaml": ("knative.dev/networking", "config/domain-claim.yaml"),
+    "300-resources/ingress.yaml": ("knative.dev/networking", "config/ingress.yaml"),
+    "300-resources/serverlessservice.yaml": ("knative.dev/networking", "config/serverlessservice.yaml"),
+    "configmaps/network.yaml": ("knative.dev/networking", "config/config-network.yaml"),
+}
+
+
+class Knative:
+    def __init__(self, node, builder, serving):
+        self.node = node
+        self.builder = builder
+        self.serving = serving
+        self.module = f"serving/{serving}"
+        self.out = os.path.join(node.build, "knative", serving)
+        self.log = node.log("knative")
+
+    def kubectl(self, *args, capture=False, check=True, input=None):
+        return util.run(
+            [self.node.kube("kubectl"), "--kubeconfig", self.node.kubeconfig] + list(args),
+            log=None if capture else self.log,
+            capture=capture,
+            check=check,
+            input=input,
+        )
+
+    # ---- the release's YAML ----------------------------------------------------
+
+    def sources(self):
+        """The serving module's config/core, and its networking and caching
+        modules', at the versions serving's go.mod names."""
+        versions = json.loads(
+            util.run(["go", "list", "-m", "-json", "knative.dev/networking"], capture=True,
+                     cwd=self.builder.module(self.module))
+        )
+        caching = json.loads(
+            util.run(["go", "list", "-m", "-json", "knative.dev/caching"], capture=True,
+                     cwd=self.builder.module(self.module))
+        )
+        return {
+            "knative.dev/serving": self.builder.module_dir("knative.dev/serving", self.serving, self.module),
+            "knative.dev/networking": self.builder.module_dir("knative.dev/networking", versions["Version"], self.module),
+            "knative.dev/caching": self.builder.module_dir("knative.dev/caching", caching["Version"], self.module),
+        }
+
+    def release_yaml(self):
+        """serving-crds.yaml and serving-core.yaml as a release has them
+        (Knative's own queue-proxy in config-deployment), with ko.local
+        images and the cluster's settings: the ingress class, the domain,
+        and (current Knative) its components' metrics in Prometheus form, as
+        classic Knative has them by default. Returns their paths."""
+        src = self.sources()
+        core = os.path.join(src["knative.dev/serving"], "config", "core")
+
+        def read(rel):
+            if rel in VENDORED:
+                module, path = VENDORED[rel]
+                with open(os.path.join(src[module], path)) as f:
+                    return f.read()
+            with open(os.path.join(core, rel)) as f:
+                return f.read()
+
+        files = sorted(
+            set(os.path.relpath(p, core) for p in glob.glob(os.path.join(core, "**", "*.yaml"), recursive=True))
+            | set(VENDORED)
+        )
+        crds = [f for f in files if f.startswith("300-resources/") or f == "300-imagecache.yaml"]
+
+        def images(text):
+            return re.sub(
+                r"ko://knative\.dev/serving/cmd/([\w-]+)",
+                lambda m: f"ko.local/{m.group(1)}:{self.serving}",
+                text,
+            )
+
+        settings = {
+            "configmaps/network.yaml": {"ingress-class": INGRESS_CLASS},
+            "configmaps/domain.yaml": {DOMAIN: ""},
+        }
+        if self.serving != "v0.42.2":
+            settings["configmaps/observability.yaml"] = {"metrics-protocol": "prometheus"}
+        docs = []
+        for rel in files:
+            text = images(read(rel))
+            if rel in settings:
+                text = with_data(text, settings[rel], rel)
+            docs.append(f"# config/core/{rel}\n{text.strip()}\n")
+        os.makedirs(self.out, exist_ok=True)
+        crd_path = os.path.join(self.out, "serving-crds.yaml")
+        core_path = os.path.join(self.out, "serving-core.yaml")
+        with open(crd_path, "w") as f:
+            f.write("---\n".join(d for d, rel in zip(docs, files) if rel in crds))
+        with open(core_path, "w") as f:
+            f.write("---\n".join(docs))
+        return crd_path, core_path
+
+    def go_image(self):
+        """Knative's own queue-proxy of the installed release."""
+        return f"ko.local/queue:{self.serving}"
+
+    def overlay(self, core, image):
+        """knative-overlay/base as an operator uses it, over this release's
+        serving-core.yaml instead of the one it downloads: the overlay's own
+        patch of config-deployment, with `image` in it. Returns its folder."""
+        folder = os.path.join(self.out, "qproxy")
+        os.makedirs(folder, exist_ok=True)
+        base = os.path.join(build.ROOT, "knative-overlay", "base")
+        with open(os.path.join(base, "queue-sidecar-image.yaml")) as f:
+            patch = f.read()
+        placeholder = "registry.example.com/qproxy:0.1.0"
+        if placeholder not in patch:
+            raise util.PhaseError(f"knative-overlay/base/queue-sidecar-image.yaml no longer names {placeholder}")
+        with open(os.path.join(folder, "queue-sidecar-image.yaml"), "w") as f:
+            f.write(patch.replace(placeholder, image))
+        with open(core) as f, open(os.path.join(folder, "serving-core.yaml"), "w") as g:
+            g.write(f.read())
+        with open(os.path.join(folder, "kustomization.yaml"), "w") as f:
+            f.write(
+                "# knative-overlay/base over the cluster's own serving-core.yaml (scripts/cluster).\n"
+                "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+                "kind: Kustomization\n"
+                "resources:\n  - serving-core.yaml\n"
+                "patches:\n  - path: queue-sidecar-image.yaml\n"
+            )
+        return folder
+
+    # ---- install -----------------------------------------------------------------
+
+    def install(self, queue_image):
+        """Installs the release; with qproxy as the queue-proxy through
+        knative-overlay/base (kubectl apply -k), with Knative's own by the
+        release's serving-core.yaml alone."""
+        util.say(f"installing Knative Serving {self.serving} (config/ of its module, local images)")
+        crds, core = self.release_yaml()
+        self.kubectl("apply", "-f", crds)
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
+        if queue_image == self.go_image():
+            self.kubectl("apply", "-f", core)
+        else:
+            self.kubectl("apply", "-k", self.overlay(core, queue_image))
+        with open(CHOICE, "w") as f:
+            f.write(queue_image)
+
+    def install_ingress(self):
+        util.say(f"installing Traefik {build.TRAEFIK} (Knative and Gateway API providers)")
+        gateway = self.builder.module_dir("sigs.k8s.io/gateway-api", build.GATEWAY_API, "traefik")
+        for crd in sorted(glob.glob(os.path.join(gateway, "config", "crd", "standard", "*.yaml"))):
+            self.kubectl("apply", "-f", crd)
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
+        with open(os.path.join(build.ROOT, "cluster", "manifests", "traefik.yaml")) as f:
+            text = f.read()
+        text = (text.replace("${TRAEFIK_IMAGE}", f"ko.local/traefik:{build.TRAEFIK}")
+                .replace("${INGRESS_IP}", INGRESS_IP)
+                .replace("${INGRESS_LOCAL_IP}", INGRESS_LOCAL_IP))
+        os.makedirs(self.out, exist_ok=True)
+        path = os.path.join(self.out, "traefik.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        self.kubectl("apply", "-f", path)
+
+    def wait_ready(self, timeout=900):
+        util.say("waiting for Knative and Traefik to be ready")
+        for namespace in ("knative-serving", "traefik"):
+            deadline = time.monotonic() + timeout
+            util.wait_until(
+                f"the Deployments of {namespace} available",
+                lambda: self.kubectl(
+                    "-n", namespace, "wait", "--for=condition=Available", "deployment", "--all",
+                    "--timeout=20s", check=False) == 0,
+                max(10, deadline - time.monotonic()),
+                log=self.log,
+            )
+
+    # ---- the queue-proxy image -----------------------------------------------------
+
+    def current_image(self):
+        """queue-sidecar-image as config-deployment has it now, if installed."""
+        out = self.kubectl("-n", "knative-serving", "get", "configmap", "config-deployment",
+                           "-o", "jsonpath={.data.queue-sidecar-image}", capture=True, check=False)
+        return out.strip() or None
+
+    def use(self, image, timeout=300):
+        """Sets queue-sidecar-image, and waits until every revision's
+        Deployment asks for it (Knative recomputes them all)."""
+        patch = json.dumps({"data": {"queue-sidecar-image": image}})
+        util.wait_until(
+            "config-deployment patched (Knative's webhook answering)",
+            lambda: self.kubectl("-n", "knative-serving", "patch", "configmap", "config-deployment",
+                                 "--type", "merge", "-p", patch, check=False) == 0,
+            120,
+            log=self.log,
+        )
+        with open(CHOICE, "w") as f:
+            f.write(image)
+
+        def rolled():
+            out = self.kubectl("get", "deployments", "-A", "-l", "serving.knative.dev/revision",
+                               "-o", "json", capture=True)
+            for item in json.loads(out)["items"]:
+                containers = item["spec"]["template"]["spec"]["containers"]
+                if any(c["name"] == "queue-proxy" and c["image"] != image for c in containers):
+                    return False
+            return True
+
+        util.wait_until("every revision's Deployment on the new queue-proxy", rolled, timeout, log=self.log)
+
+
+def with_data(text, values, rel):
+    """The ConfigMap `text` with `values` added under its `data:`, leaving
+    the `_example` block (and so its checksum) as it is."""
+    if text.count("\ndata:\n") != 1:
+        raise util.PhaseError(f"config/core/{rel}: expected one `data:` block")
+    lines = "".join(f"  {json.dumps(k)}: {json.dumps(v)}\n" for k, v in values.items())
+    return text.replace("\ndata:\n", "\ndata:\n" + lines, 1)
