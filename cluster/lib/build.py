@@ -177,16 +177,16 @@ class Builder:
 
     # ---- images ------------------------------------------------------------------
 
-    def image(self, name, tag, binary, entrypoint, user="65532", env=(), ko=False):
+    def image(self, name, tag, binary, entrypoint, user="65532", env=(), ko=False, folder=""):
         """Packs `binary` as the image `name:tag` (an archive under
         target/cluster/images) unless that archive is newer than it; returns
         the archive's path and the image's name. `ko` lays it out as ko
         does for Knative's images: /ko-app/<name>, KO_DATA_PATH, a /tmp."""
-        out = os.path.join(self.images, f"{name.replace('/', '_')}-{tag}.tar")
+        out = os.path.join(self.images, folder, f"{name}-{tag}.tar")
         ref = f"ko.local/{name}:{tag}"
         if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(binary):
             return out, ref
-        os.makedirs(self.images, exist_ok=True)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(binary, "rb") as f:
             data = f.read()
         entries = oci_image.user_files() + [("tmp", None, 0o1777)]
@@ -218,7 +218,8 @@ class Builder:
             component = name in ("activator", "autoscaler", "controller", "webhook", "queue")
             # Knative's test images go by the tag its e2e tests ask for.
             tag = serving if component else "e2e"
-            images.append(self.image(name, tag, os.path.join(folder, name), f"/ko-app/{name}", ko=True))
+            images.append(self.image(name, tag, os.path.join(folder, name), f"/ko-app/{name}", ko=True,
+                                     folder=serving))
         return images
 
     def qproxy_image(self):

@@ -138,6 +138,7 @@ func TestSingleConcurrencyThroughTheActivator(t *testing.T) {
 	eventually(t, "the activator in the path", 2*time.Minute, func() (bool, error) {
 		return sksMode(t, svc.revision) == netv1alpha1.SKSOperationModeProxy, nil
 	})
+	before := activatorRequests(t, svc.revision)
 	c := client(ingress, 2*time.Minute)
 	outs := concurrently(12, func(int) (int, string, error) { return get(c, svc.name, "/") })
 	for _, o := range outs {
@@ -145,6 +146,11 @@ func TestSingleConcurrencyThroughTheActivator(t *testing.T) {
 			t.Fatalf("12 requests at once, one at a time at the app: %s", summary(outs))
 		}
 	}
+	// The activator counted them: what the bypass test reads is the
+	// activator's count of a revision's requests.
+	eventually(t, "the activator counting the 12 requests", time.Minute, func() (bool, error) {
+		return activatorRequests(t, svc.revision)-before >= 12, nil
+	})
 }
 
 // The revision's timeout: an app that sends nothing for longer is answered
