@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"sort"
 
-
 	"github.com/coredns/coredns/coremain"
 	// The DNS plugins the cluster's Corefile names, and no others.
 	_ "github.com/coredns/coredns/plugin/bind"
