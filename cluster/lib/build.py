@@ -11,9 +11,11 @@ builds again only what changed.
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 
 from . import util
 
@@ -24,7 +26,6 @@ import oci_image  # noqa: E402  (the packer the release image uses)
 KUBERNETES = "v1.34.4"
 CONTAINERD = "v2.2.9"
 TRAEFIK = "v3.6.12"
-GATEWAY_API = "v1.4.0"
 # The Knative Serving releases the cluster can install: current (the
 # default) and classic.
 SERVINGS = ("v0.50.0", "v0.42.2")
@@ -41,8 +42,11 @@ PACKAGES = {
     "ip": "iproute2",
     "mount": "mount",
     "gcc": "gcc",
-    "/usr/lib/x86_64-linux-gnu/libc.a": "libc6-dev",
+    "/usr/include/stdio.h": "libc6-dev",
+    "strip": "binutils",
 }
+# The OCI name of this machine's architecture.
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
 def packages_missing():
@@ -100,7 +104,9 @@ class Builder:
                     return False
         util.say(f"building {what} (Go module proxy; the first time takes minutes)")
         os.makedirs(os.path.dirname(out.rstrip("/")), exist_ok=True)
-        env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false -mod=mod"}
+        # The module's go.sum decides every version: -mod=readonly, Go's
+        # default, fails rather than changing it.
+        env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
         args = ["go", "build", "-trimpath", "-ldflags", ("-s -w " + ldflags).strip(), "-o", out] + packages
         util.run(args, log=self.log, env=env, cwd=folder)
         with open(stamp_file, "w") as f:
@@ -155,42 +161,51 @@ class Builder:
         self.build_pause()
 
     def build_pause(self):
+        """The pods' sandbox: pause.c of the Kubernetes module, static."""
         out = os.path.join(self.bin, "pause")
-        if os.path.exists(out):
-            return
+        stamp = out + ".stamp"
+        if os.path.exists(out) and os.path.exists(stamp):
+            with open(stamp) as f:
+                if f.read() == KUBERNETES:
+                    return
         source = os.path.join(self.module_dir("k8s.io/kubernetes", KUBERNETES, "kube"), "build", "pause", "linux", "pause.c")
         util.say("building the pause container (the Kubernetes module's pause.c)")
         util.run(["gcc", "-Os", "-static", "-o", out + ".tmp", source], log=self.log)
-        util.run(["strip", out + ".tmp"], log=self.log, check=False)
+        util.run(["strip", out + ".tmp"], log=self.log)
         os.replace(out + ".tmp", out)
+        with open(stamp, "w") as f:
+            f.write(KUBERNETES)
 
     def module_dir(self, path, version, module):
         """The unpacked source of `path@version`, as the module `module`
         (under cluster/) resolves it."""
-        out = util.run(
-            ["go", "mod", "download", "-json", f"{path}@{version}"],
-            capture=True,
-            cwd=self.module(module),
-            env={**os.environ, "GOFLAGS": "-mod=mod"},
-        )
+        out = util.run(["go", "mod", "download", "-json", f"{path}@{version}"], capture=True,
+                       cwd=self.module(module))
         return json.loads(out)["Dir"]
+
+    def module_version(self, path, module):
+        """The version of `path` the module `module` (under cluster/) selects."""
+        out = util.run(["go", "list", "-m", "-json", path], capture=True, cwd=self.module(module))
+        return json.loads(out)["Version"]
 
     # ---- images ------------------------------------------------------------------
 
-    def image(self, name, tag, binary, entrypoint, user="65532", env=(), ko=False, folder=""):
+    def image(self, name, tag, binary, entrypoint, user="65532", ko=False, folder=""):
         """Packs `binary` as the image `name:tag` (an archive under
-        target/cluster/images) unless that archive is newer than it; returns
-        the archive's path and the image's name. `ko` lays it out as ko
-        does for Knative's images: /ko-app/<name>, KO_DATA_PATH, a /tmp."""
+        target/cluster/images) unless that archive is newer than it and than
+        the code that lays it out; returns the archive's path and the
+        image's name. `ko` lays it out as ko does for Knative's images:
+        /ko-app/<name>, KO_DATA_PATH, a /tmp."""
         out = os.path.join(self.images, folder, f"{name}-{tag}.tar")
         ref = f"ko.local/{name}:{tag}"
-        if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(binary):
+        inputs = [binary, __file__, oci_image.__file__]
+        if os.path.exists(out) and os.path.getmtime(out) >= max(os.path.getmtime(p) for p in inputs):
             return out, ref
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(binary, "rb") as f:
             data = f.read()
         entries = oci_image.user_files() + [("tmp", None, 0o1777)]
-        environment = list(env)
+        environment = []
         if ko:
             entries += [("ko-app", None, 0o755), (entrypoint.lstrip("/"), data, 0o755),
                         ("var", None, 0o755), ("var/run", None, 0o755), ("var/run/ko", None, 0o755)]
@@ -203,7 +218,7 @@ class Builder:
             config["Env"] = environment
         labels = {"org.opencontainers.image.title": name, "org.opencontainers.image.version": tag}
         mtime = 0
-        files, _ = oci_image.archive_files(entries, config, labels, ref, "amd64", mtime, "scripts/cluster")
+        files, _ = oci_image.archive_files(entries, config, labels, ref, ARCH, mtime, "scripts/cluster")
         oci_image.write_archive(out, files, mtime)
         return out, ref
 
@@ -224,24 +239,22 @@ class Builder:
 
     def qproxy_image(self):
         """qproxy's release image, built by deploy/build-image.sh and named
-        after its binary's digest, so that a changed qproxy is a new image
+        after its manifest's digest, so that a changed qproxy is a new image
         (and new revisions) rather than the same name over other bytes."""
         util.say("building qproxy's image (deploy/build-image.sh)")
-        out = subprocess.run(
-            [os.path.join(ROOT, "deploy", "build-image.sh")],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=open(self.log, "ab"),
-        )
-        if out.returncode != 0:
+        with open(self.log, "ab") as log:
+            out = subprocess.run([os.path.join(ROOT, "deploy", "build-image.sh")], cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=log)
+        lines = out.stdout.decode().strip().splitlines()
+        if out.returncode != 0 or not lines:
             raise util.PhaseError("deploy/build-image.sh failed", self.log)
-        archive = os.path.join(ROOT, out.stdout.decode().strip().splitlines()[-1])
-        binary = os.path.join(ROOT, "target", "image", "x86_64-unknown-linux-gnu", "release", "qproxy")
-        with open(binary, "rb") as f:
-            short = hashlib.sha256(f.read()).hexdigest()[:12]
-        version = read_version()
-        tag = f"{version}-{short}"
-        # The archive names the image qproxy:<version>; containerd takes the
-        # name it is told.
-        return archive, f"ko.local/qproxy:{tag}"
+        archive = os.path.join(ROOT, lines[-1])
+        with tarfile.open(archive) as tar:
+            index = json.load(tar.extractfile("index.json"))
+        digest = index["manifests"][0]["digest"].split(":", 1)[1]
+        # The archive names the image qproxy:<version>; containerd is told
+        # this name as well.
+        return archive, f"ko.local/qproxy:{read_version()}-{digest[:12]}"
 
 
 def read_version():

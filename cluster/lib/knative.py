@@ -9,7 +9,7 @@ import os
 import re
 import time
 
-from . import build, node as nodes, util
+from . import build, util
 
 INGRESS_CLASS = "traefik.ingress.networking.knative.dev"
 # The domain Knative gives routes; nothing resolves it, clients send it as
@@ -19,7 +19,6 @@ DOMAIN = "example.com"
 # tests (--ingressendpoint) can be told them.
 INGRESS_IP = "10.96.0.80"
 INGRESS_LOCAL_IP = "10.96.0.81"
-CHOICE = os.path.join(nodes.RUN, "queue-proxy")
 
 # Files of the serving repository that are symlinks into vendor/ and so are
 # missing from its module zip: (module, path in it).
@@ -41,33 +40,33 @@ class Knative:
         self.module = f"serving/{serving}"
         self.out = os.path.join(node.build, "knative", serving)
         self.log = node.log("knative")
+        self.src = None
 
-    def kubectl(self, *args, capture=False, check=True, input=None):
+    def kubectl(self, *args, capture=False, check=True):
         return util.run(
             [self.node.kube("kubectl"), "--kubeconfig", self.node.kubeconfig] + list(args),
             log=None if capture else self.log,
             capture=capture,
             check=check,
-            input=input,
         )
+
+    def prepare(self):
+        """Finds the sources the install reads (Knative's config/, the
+        Gateway API's CRDs) in Go's module cache, downloading what is
+        missing: done before entering the cluster's namespace, which has no
+        route to the module proxy."""
+        self.src = self.sources()
+        gateway = self.builder.module_version("sigs.k8s.io/gateway-api", "traefik")
+        self.src["sigs.k8s.io/gateway-api"] = self.builder.module_dir("sigs.k8s.io/gateway-api", gateway, "traefik")
 
     # ---- the release's YAML ----------------------------------------------------
 
     def sources(self):
         """The serving module's config/core, and its networking and caching
         modules', at the versions serving's go.mod names."""
-        versions = json.loads(
-            util.run(["go", "list", "-m", "-json", "knative.dev/networking"], capture=True,
-                     cwd=self.builder.module(self.module))
-        )
-        caching = json.loads(
-            util.run(["go", "list", "-m", "-json", "knative.dev/caching"], capture=True,
-                     cwd=self.builder.module(self.module))
-        )
         return {
-            "knative.dev/serving": self.builder.module_dir("knative.dev/serving", self.serving, self.module),
-            "knative.dev/networking": self.builder.module_dir("knative.dev/networking", versions["Version"], self.module),
-            "knative.dev/caching": self.builder.module_dir("knative.dev/caching", caching["Version"], self.module),
+            path: self.builder.module_dir(path, self.builder.module_version(path, self.module), self.module)
+            for path in ("knative.dev/serving", "knative.dev/networking", "knative.dev/caching")
         }
 
     def release_yaml(self):
@@ -76,7 +75,7 @@ class Knative:
         images and the cluster's settings: the ingress class, the domain,
         and (current Knative) its components' metrics in Prometheus form, as
         classic Knative has them by default. Returns their paths."""
-        src = self.sources()
+        src = self.src
         core = os.path.join(src["knative.dev/serving"], "config", "core")
 
         def read(rel):
@@ -126,29 +125,34 @@ class Knative:
         return f"ko.local/queue:{self.serving}"
 
     def overlay(self, core, image):
-        """knative-overlay/base as an operator uses it, over this release's
-        serving-core.yaml instead of the one it downloads: the overlay's own
-        patch of config-deployment, with `image` in it. Returns its folder."""
+        """knative-overlay/base as an operator uses it: its kustomization
+        and its patch of config-deployment, with this release's
+        serving-core.yaml in place of the one it downloads and `image` in
+        place of the patch's example. Returns its folder."""
         folder = os.path.join(self.out, "qproxy")
         os.makedirs(folder, exist_ok=True)
         base = os.path.join(build.ROOT, "knative-overlay", "base")
+        with open(os.path.join(base, "kustomization.yaml")) as f:
+            kustomization = f.read()
+        urls = re.findall(r"^(\s*- )(https://\S+/serving-core\.yaml)$", kustomization, re.M)
+        if len(urls) != 1:
+            raise util.PhaseError("knative-overlay/base/kustomization.yaml: expected one serving-core.yaml URL "
+                                  f"among its resources, found {len(urls)}")
+        kustomization = kustomization.replace(urls[0][1], "serving-core.yaml")
         with open(os.path.join(base, "queue-sidecar-image.yaml")) as f:
             patch = f.read()
         placeholder = "registry.example.com/qproxy:0.1.0"
         if placeholder not in patch:
             raise util.PhaseError(f"knative-overlay/base/queue-sidecar-image.yaml no longer names {placeholder}")
-        with open(os.path.join(folder, "queue-sidecar-image.yaml"), "w") as f:
-            f.write(patch.replace(placeholder, image))
-        with open(core) as f, open(os.path.join(folder, "serving-core.yaml"), "w") as g:
-            g.write(f.read())
-        with open(os.path.join(folder, "kustomization.yaml"), "w") as f:
-            f.write(
-                "# knative-overlay/base over the cluster's own serving-core.yaml (scripts/cluster).\n"
-                "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-                "kind: Kustomization\n"
-                "resources:\n  - serving-core.yaml\n"
-                "patches:\n  - path: queue-sidecar-image.yaml\n"
-            )
+        files = {
+            "kustomization.yaml": kustomization,
+            "queue-sidecar-image.yaml": patch.replace(placeholder, image),
+        }
+        with open(core) as f:
+            files["serving-core.yaml"] = f.read()
+        for name, text in files.items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
         return folder
 
     # ---- install -----------------------------------------------------------------
@@ -165,12 +169,11 @@ class Knative:
             self.kubectl("apply", "-f", core)
         else:
             self.kubectl("apply", "-k", self.overlay(core, queue_image))
-        with open(CHOICE, "w") as f:
-            f.write(queue_image)
 
     def install_ingress(self):
         util.say(f"installing Traefik {build.TRAEFIK} (Knative and Gateway API providers)")
-        gateway = self.builder.module_dir("sigs.k8s.io/gateway-api", build.GATEWAY_API, "traefik")
+        os.makedirs(self.out, exist_ok=True)
+        gateway = self.src["sigs.k8s.io/gateway-api"]
         for crd in sorted(glob.glob(os.path.join(gateway, "config", "crd", "standard", "*.yaml"))):
             self.kubectl("apply", "-f", crd)
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
@@ -179,7 +182,6 @@ class Knative:
         text = (text.replace("${TRAEFIK_IMAGE}", f"ko.local/traefik:{build.TRAEFIK}")
                 .replace("${INGRESS_IP}", INGRESS_IP)
                 .replace("${INGRESS_LOCAL_IP}", INGRESS_LOCAL_IP))
-        os.makedirs(self.out, exist_ok=True)
         path = os.path.join(self.out, "traefik.yaml")
         with open(path, "w") as f:
             f.write(text)
@@ -187,8 +189,8 @@ class Knative:
 
     def wait_ready(self, timeout=900):
         util.say("waiting for Knative and Traefik to be ready")
+        deadline = time.monotonic() + timeout
         for namespace in ("knative-serving", "traefik"):
-            deadline = time.monotonic() + timeout
             util.wait_until(
                 f"the Deployments of {namespace} available",
                 lambda: self.kubectl(
@@ -217,13 +219,15 @@ class Knative:
             120,
             log=self.log,
         )
-        with open(CHOICE, "w") as f:
-            f.write(image)
 
         def rolled():
             out = self.kubectl("get", "deployments", "-A", "-l", "serving.knative.dev/revision",
-                               "-o", "json", capture=True)
+                               "-o", "json", capture=True, check=False)
+            if not out:
+                return False
             for item in json.loads(out)["items"]:
+                if item["metadata"].get("deletionTimestamp"):
+                    continue
                 containers = item["spec"]["template"]["spec"]["containers"]
                 if any(c["name"] == "queue-proxy" and c["image"] != image for c in containers):
                     return False

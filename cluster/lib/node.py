@@ -14,13 +14,14 @@ import signal
 import subprocess
 import time
 
-from . import util
+from . import build, util
 
 NETNS = "qproxy-cluster"
 NETNS_PATH = f"/run/netns/{NETNS}"
 NODE_NAME = "qproxy-node"
-# The node's address, on a dummy interface; the API server, the kubelet and
-# CoreDNS listen on it. Pods reach it through their bridge's gateway.
+# The node's address, on an interface of its own in the namespace; the API
+# server, the kubelet and CoreDNS listen on it. Pods reach it through their
+# bridge's gateway.
 NODE_IP = "10.77.0.1"
 POD_CIDR = "10.244.0.0/16"
 BRIDGE_IP = "10.244.0.1"
@@ -38,7 +39,7 @@ RUN = "/run/qproxy-cluster"
 CGROUP = "qproxy-cluster"
 CGROUP_FS = "/sys/fs/cgroup"
 
-SANDBOX_IMAGE = "ko.local/pause:3.10"
+SANDBOX_IMAGE = f"ko.local/pause:{build.PAUSE}"
 
 
 class Node:
@@ -64,14 +65,35 @@ class Node:
     def log(self, name):
         return os.path.join(self.logs, name + ".log")
 
+    # ---- what the machine must offer ---------------------------------------------
+
+    def check_machine(self):
+        """Refuses, with what is missing, a machine the node cannot run on:
+        it drives v1 cgroups (hybrid or v1 alone) and needs the bridge's
+        netfilter hooks for pods to reach services on the same bridge."""
+        if os.path.exists(os.path.join(CGROUP_FS, "cgroup.controllers")):
+            raise util.PhaseError(
+                "/sys/fs/cgroup is a cgroup v2 hierarchy: the cluster's kubelet and containerd are set up "
+                "for v1 cgroups (hybrid or v1 alone), as on the machines it is made for")
+        missing = [c for c in ("cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer")
+                   if c not in cgroup_controllers()]
+        if missing:
+            raise util.PhaseError(f"no v1 cgroup hierarchy for {', '.join(missing)} under {CGROUP_FS}")
+        if not os.path.isdir("/proc/sys/net/bridge"):
+            util.run(["modprobe", "br_netfilter"], log=self.log("network"), check=False)
+            if not os.path.isdir("/proc/sys/net/bridge"):
+                raise util.PhaseError(
+                    "the kernel has no bridge netfilter (br_netfilter): pods could not reach services "
+                    "on their own bridge", self.log("network"))
+
     # ---- the network namespace -------------------------------------------------
 
     def make_netns(self):
         """The node's network namespace: loopback, the node's address on an
         interface of its own (one end of a veth pair whose other end is
-        idle: this kernel has no dummy interfaces), the service range routed
-        to it (kube-proxy's rules catch it on the way out), and everything
-        else unreachable."""
+        idle, so that no kernel module for dummy interfaces is needed), the
+        service range routed to it (kube-proxy's rules catch it on the way
+        out), and everything else unreachable."""
         log = self.log("network")
         util.run(["ip", "netns", "add", NETNS], log=log)
         ns = ["ip", "-n", NETNS]
@@ -208,10 +230,8 @@ class Node:
         return process
 
     def alive(self, name):
-        try:
-            with open(os.path.join(RUN, "pids", name)) as f:
-                pid = int(f.read())
-        except (OSError, ValueError):
+        pid = self.pid(name)
+        if pid is None:
             return False
         try:
             os.kill(pid, 0)
@@ -223,6 +243,41 @@ class Node:
                 return f.read().rsplit(")", 1)[1].split()[0] != "Z"
         except OSError:
             return False
+
+    def pid(self, name):
+        try:
+            with open(os.path.join(RUN, "pids", name)) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self, name, timeout=30):
+        """Stops one of the node's processes (SIGTERM, then SIGKILL)."""
+        pid = self.pid(name)
+        if pid is None or not self.alive(name):
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive(name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.alive(name):
+            os.kill(pid, signal.SIGKILL)
+
+    def started(self, name, args, check, what, timeout=120, changed=False):
+        """Starts the process `name` unless it runs (again if its
+        configuration `changed`), and waits until `check` says it serves;
+        fails at once, naming its log, if it exits meanwhile."""
+        if changed:
+            self.stop(name)
+        if not self.alive(name):
+            self.start(name, args)
+
+        def ready():
+            if not self.alive(name):
+                raise util.PhaseError(f"{name} exited", self.log(name))
+            return check()
+
+        util.wait_until(what, ready, timeout, log=self.log(name))
 
     def make_cgroups(self):
         for controller in cgroup_controllers():
@@ -351,15 +406,21 @@ def remove_cgroup_tree(name):
 
 
 def pids_in_netns(path):
+    """The processes in the network namespace mounted at `path` (none when
+    nothing is mounted there)."""
+    if not is_mountpoint(path):
+        return []
     try:
-        target = os.stat(path).st_ino
+        st = os.stat(path)
+        target = (st.st_dev, st.st_ino)
     except OSError:
         return []
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                if os.stat(f"/proc/{entry}/ns/net").st_ino == target:
+                ns = os.stat(f"/proc/{entry}/ns/net")
+                if (ns.st_dev, ns.st_ino) == target:
                     found.append(int(entry))
             except OSError:
                 pass
@@ -574,20 +635,20 @@ def corefile(node):
 
 
 def write(path, text):
-    """Writes a configuration file, unless it already says the same: the
-    kubelet and kube-proxy watch theirs, and kube-proxy exits when it is
-    written to."""
+    """Writes a configuration file unless it already says the same, and
+    returns whether it changed: kube-proxy exits when its file is written
+    to, and a process whose file changed is started again."""
     text = text if isinstance(text, str) else json.dumps(text, indent=2)
     try:
         with open(path) as f:
             if f.read() == text:
-                return path
+                return False
     except OSError:
         pass
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
-    return path
+    return True
 
 
 def api(node, path, user="admin", timeout=5):
@@ -613,23 +674,13 @@ def http_ok(url, timeout=2):
 
 
 def start_node(node):
-    """Starts the node's processes, each once the one it needs answers; the
-    caller is in the node's network namespace. Returns when the node is
-    Ready."""
+    """Starts etcd, the control plane and containerd, each once the one it
+    needs answers; the caller is in the node's network namespace. Those
+    already running are kept, unless their configuration changed."""
     kube = node.kube("kube")
     etc = node.etc
     pki = node.pki
-
-    def started(name, args, check, what, timeout=120):
-        if not node.alive(name):
-            node.start(name, args)
-
-        def ready():
-            if not node.alive(name):
-                raise util.PhaseError(f"{name} exited", node.log(name))
-            return check()
-
-        util.wait_until(what, ready, timeout, log=node.log(name))
+    started = node.started
 
     util.say("starting etcd")
     started(
@@ -700,14 +751,15 @@ def start_node(node):
     )
 
     util.say("starting containerd")
-    write(f"{etc}/containerd.toml", containerd_config(node))
-    write(f"{etc}/cni/10-qproxy-cluster.conflist", cni_config())
+    changed = write(f"{etc}/containerd.toml", containerd_config(node))
+    changed |= write(f"{etc}/cni/10-qproxy-cluster.conflist", cni_config())
     started(
         "containerd",
         [node.kube("containerd"), "--config", f"{etc}/containerd.toml", "--log-level", "warn"],
         lambda: subprocess.run(node.ctr() + ["version"], capture_output=True).returncode == 0,
         "containerd answering",
         timeout=60,
+        changed=changed,
     )
 
 
@@ -729,20 +781,10 @@ def start_kubelet(node):
     and cluster names resolve."""
     kube = node.kube("kube")
     etc = node.etc
-
-    def started(name, args, check, what, timeout=120):
-        if not node.alive(name):
-            node.start(name, args)
-
-        def ready():
-            if not node.alive(name):
-                raise util.PhaseError(f"{name} exited", node.log(name))
-            return check()
-
-        util.wait_until(what, ready, timeout, log=node.log(name))
+    started = node.started
 
     util.say("starting the kubelet, kube-proxy and CoreDNS")
-    write(f"{etc}/kubelet.json", kubelet_config(node))
+    changed = write(f"{etc}/kubelet.json", kubelet_config(node))
     started(
         "kubelet",
         [kube, "kubelet",
@@ -756,15 +798,17 @@ def start_kubelet(node):
         lambda: node_ready(node),
         "the node Ready",
         timeout=180,
+        changed=changed,
     )
-    write(f"{etc}/kube-proxy.json", kube_proxy_config(node))
+    changed = write(f"{etc}/kube-proxy.json", kube_proxy_config(node))
     started(
         "kube-proxy",
         [kube, "kube-proxy", "--config", f"{etc}/kube-proxy.json"],
         lambda: http_ok("http://127.0.0.1:10256/healthz"),
         "kube-proxy healthy",
+        changed=changed,
     )
-    write(f"{etc}/Corefile", corefile(node))
+    changed = write(f"{etc}/Corefile", corefile(node))
     util.run(
         [node.kube("kubectl"), "--kubeconfig", node.kubeconfig, "apply", "-f",
          os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "manifests", "coredns-rbac.yaml")],
@@ -775,6 +819,7 @@ def start_kubelet(node):
         [kube, "coredns", "-conf", f"{etc}/Corefile"],
         lambda: http_ok("http://127.0.0.1:8181/ready"),
         "CoreDNS ready",
+        changed=changed,
     )
 
 

@@ -81,11 +81,16 @@ def wait_until(what, condition, timeout, log=None, interval=0.5):
 def setns(path):
     """Moves this process (one thread) into the network namespace at `path`;
     the commands it starts from then on are in it too."""
-    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(path, os.O_RDONLY)
     try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            errno = ctypes.get_errno()
-            raise PhaseError(f"entering the network namespace {path}: {os.strerror(errno)}")
+        setns_fd(fd, path)
     finally:
         os.close(fd)
+
+
+def setns_fd(fd, what="the network namespace"):
+    """Moves this process into the network namespace open as `fd`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise PhaseError(f"entering {what}: {os.strerror(errno)}")
