@@ -220,6 +220,7 @@ func inFlight(t testing.TB, pod corev1.Pod) float64 {
 		return 0
 	}
 	req.Header.Set("Accept", "application/protobuf")
+	req.Close = true
 	resp, err := client(fresh.Status.PodIP+":9090", 5*time.Second).Do(req)
 	if err != nil {
 		return 0

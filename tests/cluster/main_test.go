@@ -16,7 +16,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -52,8 +51,6 @@ var (
 	// queueImage is the queue-proxy every new revision must run: what
 	// config-deployment names when the tests start.
 	queueImage string
-	// images is where Knative's test images are (ko.local/<name>:e2e).
-	images = envOr("QPROXY_CLUSTER_IMAGES", "ko.local")
 	// servingCore is the release's serving-core.yaml scripts/cluster
 	// installed (the overlay tests apply it).
 	servingCore = os.Getenv("QPROXY_CLUSTER_SERVING_CORE")
@@ -107,6 +104,7 @@ func run(m *testing.M) int {
 		return 2
 	}
 	code := m.Run()
+	// tests/cluster/run --keep keeps the namespace too, to look at.
 	if os.Getenv("QPROXY_CLUSTER_KEEP") == "" {
 		_ = kube.CoreV1().Namespaces().Delete(ctx, namespace, metav1.DeleteOptions{})
 	}
@@ -165,6 +163,7 @@ func client(addr string, timeout time.Duration) *http.Client {
 				return dialer.DialContext(ctx, network, addr)
 			},
 			MaxIdleConnsPerHost: 100,
+			IdleConnTimeout:     30 * time.Second,
 			DisableCompression:  true,
 		},
 	}
@@ -177,5 +176,5 @@ func host(name string) string {
 
 // image is one of Knative's test images, as scripts/cluster imported it.
 func image(name string) string {
-	return fmt.Sprintf("%s/%s:e2e", strings.TrimSuffix(images, "/"), name)
+	return fmt.Sprintf("ko.local/%s:e2e", name)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,11 +44,33 @@ func TestServiceReadyWithQueueProxyInjected(t *testing.T) {
 	}
 }
 
-// A revision scaled to zero is woken through the activator by a request; it
-// scales up under load on the queue-proxy's own statistics (the activator
-// is out of the path once pods exist, with a target burst capacity of 0),
-// and back to zero when the load stops.
-func TestScaleFromZeroUpAndBackToZero(t *testing.T) {
+// A revision scaled to zero is woken through the activator by a request.
+func TestScaleFromZeroThroughTheActivator(t *testing.T) {
+	t.Parallel()
+	svc := create(t, service{
+		name:        "from-zero",
+		image:       image("autoscale"),
+		annotations: map[string]string{"autoscaling.knative.dev/window": "6s"},
+	})
+	eventually(t, "scaled to zero", 4*time.Minute, func() (bool, error) {
+		return allPods(t, svc.revision) == 0, nil
+	})
+	if mode := sksMode(t, svc.revision); mode != netv1alpha1.SKSOperationModeProxy {
+		t.Fatalf("at zero the ServerlessService is in mode %s, not Proxy (the activator in the path)", mode)
+	}
+	status, body, err := get(client(ingress, 2*time.Minute), svc.name, "/?sleep=10")
+	if err != nil || status != 200 {
+		t.Fatalf("the first request, from zero: %d %q %v", status, body, err)
+	}
+	if n := len(pods(t, svc.revision)); n == 0 {
+		t.Fatal("a request from zero was answered with no pod of the revision")
+	}
+}
+
+// A revision scales up under load on the queue-proxy's own statistics (the
+// activator is out of the path once pods exist, with a target burst
+// capacity of 0), and back to zero when the load stops.
+func TestScaleUpOnTheQueueProxysStatsAndBackToZero(t *testing.T) {
 	t.Parallel()
 	svc := create(t, service{
 		name:  "scale",
@@ -59,31 +82,20 @@ func TestScaleFromZeroUpAndBackToZero(t *testing.T) {
 			"autoscaling.knative.dev/max-scale":             "4",
 		},
 	})
-	c := client(ingress, 2*time.Minute)
-
-	eventually(t, "scaled to zero", 4*time.Minute, func() (bool, error) {
-		return allPods(t, svc.revision) == 0, nil
-	})
-	if mode := sksMode(t, svc.revision); mode != netv1alpha1.SKSOperationModeProxy {
-		t.Fatalf("at zero the ServerlessService is in mode %s, not Proxy (the activator in the path)", mode)
-	}
-	status, body, err := get(c, svc.name, "/?sleep=10")
-	if err != nil || status != 200 {
-		t.Fatalf("the first request, from zero: %d %q %v", status, body, err)
-	}
-	if n := len(pods(t, svc.revision)); n == 0 {
-		t.Fatal("a request from zero was answered with no pod of the revision")
-	}
-	// With a pod up and no burst capacity asked for, the activator leaves
-	// the path: from here on only the queue-proxy reports the load.
+	// With a pod up and no burst capacity asked for, the activator is out
+	// of the path: only the queue-proxy reports the load.
 	eventually(t, "the activator out of the path", 2*time.Minute, func() (bool, error) {
 		return sksMode(t, svc.revision) == netv1alpha1.SKSOperationModeServe, nil
 	})
+	c := client(ingress, 2*time.Minute)
 
 	// Eight requests at a time, each 1 s at the app, against a target of
 	// one request per pod: the autoscaler must want more pods.
 	stop := make(chan struct{})
-	done := make(chan []outcome)
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }) }
+	t.Cleanup(halt) // a failed wait below stops the load too
+	done := make(chan []outcome, 1)
 	go func() {
 		var all []outcome
 		for {
@@ -108,7 +120,7 @@ func TestScaleFromZeroUpAndBackToZero(t *testing.T) {
 	eventually(t, "more than one pod", 3*time.Minute, func() (bool, error) {
 		return len(pods(t, svc.revision)) > 1, nil
 	})
-	close(stop)
+	halt()
 	outs := <-done
 	for _, o := range outs {
 		if o.err != nil || o.status != 200 {
@@ -205,7 +217,7 @@ func TestPodDeletedWithRequestsInFlightLosesNone(t *testing.T) {
 	// Ten requests that each take 8 s at the app, then the pod deleted
 	// while all ten are in it.
 	const n = 10
-	results := make(chan []outcome)
+	results := make(chan []outcome, 1)
 	go func() {
 		results <- concurrently(n, func(int) (int, string, error) {
 			return get(c, svc.name, "/?timeout=8000")
