@@ -252,7 +252,8 @@ class Node:
             return None
 
     def stop(self, name, timeout=30):
-        """Stops one of the node's processes (SIGTERM, then SIGKILL)."""
+        """Stops one of the node's processes (SIGTERM, then SIGKILL), and
+        returns once it is gone."""
         pid = self.pid(name)
         if pid is None or not self.alive(name):
             return
@@ -262,12 +263,23 @@ class Node:
             time.sleep(0.2)
         if self.alive(name):
             os.kill(pid, signal.SIGKILL)
+            util.wait_until(f"{name} gone after SIGKILL", lambda: not self.alive(name), 30, log=self.log(name))
+
+    def arguments(self, name):
+        """The command line the process `name` runs with (nsenter execs
+        it in place), or None if it cannot be read."""
+        try:
+            with open(f"/proc/{self.pid(name)}/cmdline", "rb") as f:
+                return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+        except (OSError, TypeError):
+            return None
 
     def started(self, name, args, check, what, timeout=120, changed=False):
         """Starts the process `name` unless it runs (again if its
-        configuration `changed`), and waits until `check` says it serves;
-        fails at once, naming its log, if it exits meanwhile."""
-        if changed:
+        configuration `changed` or it runs with other arguments), and waits
+        until `check` says it serves; fails at once, naming its log, if it
+        exits meanwhile."""
+        if changed or (self.alive(name) and self.arguments(name) not in (None, [str(a) for a in args])):
             self.stop(name)
         if not self.alive(name):
             self.start(name, args)
@@ -708,6 +720,9 @@ def start_node(node):
          "--tls-cert-file", f"{pki}/apiserver.crt", "--tls-private-key-file", f"{pki}/apiserver.key",
          "--kubelet-client-certificate", f"{pki}/apiserver-kubelet-client.crt",
          "--kubelet-client-key", f"{pki}/apiserver-kubelet-client.key",
+         # The node's name resolves nowhere (no route out, no upstream
+         # resolver): logs, exec and port-forward go to its address.
+         "--kubelet-preferred-address-types", "InternalIP",
          "--service-account-issuer", f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
          "--service-account-key-file", f"{pki}/sa.pub",
          "--service-account-signing-key-file", f"{pki}/sa.key",
