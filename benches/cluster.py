@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""The study's experiment in the cluster: a helloworld revision pinned to one
+pod, 70 connections, the app reached directly, through Knative's Go
+queue-proxy and through qproxy, each with and without the activator in the
+path; then cold starts, from a request to a revision at zero to its first
+byte, with each queue-proxy.
+
+    benches/cluster.py [--rounds 3] [--seconds 20] [--connections 70] [--cold 20]
+                       [--serving v0.50.0|v0.42.2] [--out DIR]
+
+Needs root and the cluster of scripts/cluster (brought up if it is not,
+left as it was found). The paths measured, with the pod's queue-proxy set
+to one image and then the other, alternating which goes first each round:
+
+  app        wrk -> the pod's app port (8080)
+  qp         wrk -> the pod's queue-proxy (8012) -> the app
+  activator  wrk -> the activator (its Service, with the revision's
+             headers, as an ingress sends them) -> the queue-proxy -> the app
+
+CPU per request is read from the containers' cgroups (cpuacct), for the
+app, the queue-proxy and the activator. Cold start: Services created at
+zero (`initial-scale: 0`), each asked once through Traefik, --cold of
+them with each queue-proxy, in alternating batches.
+
+Writes results.json, a table (results.md) and two pictures
+(throughput.svg, coldstart.svg) into --out (benches/cluster/ by default);
+the pictures are drawn by matplotlib, installed from PyPI into
+target/bench-venv when missing.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "cluster"))
+
+from lib import build, knative, node as nodes  # noqa: E402
+
+CLUSTER = os.path.join(ROOT, "scripts", "cluster")
+VENV = os.path.join(ROOT, "target", "bench-venv")
+MATPLOTLIB = "matplotlib==3.10.9"
+NAMESPACE = "qproxy-bench"
+CPUACCT = os.path.join(nodes.CGROUP_FS, "cpuacct", nodes.CGROUP, "kubepods")
+IMAGES = ("go", "qproxy")
+
+
+def say(message):
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def cluster(*args, capture=True, check=True, stdin=None):
+    done = subprocess.run([CLUSTER, *args], input=stdin, text=True,
+                          stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if check and done.returncode != 0:
+        raise SystemExit(f"bench: scripts/cluster {' '.join(args[:4])}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def kubectl(*args, stdin=None, check=True):
+    return cluster("run", "--", "kubectl", *args, stdin=stdin, check=check)
+
+
+def wait(what, condition, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: {what}: not within {timeout} s")
+        time.sleep(0.5)
+
+
+def service(name, annotations, image="helloworld"):
+    return json.dumps({
+        "apiVersion": "serving.knative.dev/v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"template": {
+            "metadata": {"annotations": annotations},
+            "spec": {"containers": [{"image": f"ko.local/{image}:e2e"}]},
+        }},
+    })
+
+
+def ready(name):
+    out = kubectl("-n", NAMESPACE, "get", "ksvc", name, "-o", "json", check=False)
+    if not out:
+        return None
+    svc = json.loads(out)
+    status = svc.get("status", {})
+    if status.get("observedGeneration") != svc["metadata"].get("generation"):
+        return None
+    if any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])):
+        return status
+    return None
+
+
+def the_pod(revision, queue_image):
+    """The revision's one running pod, once it runs `queue_image` and is
+    Ready (and no other pod is left): its IP and its containers' IDs."""
+    def found():
+        pods = json.loads(kubectl("-n", NAMESPACE, "get", "pods", "-l",
+                                  f"serving.knative.dev/revision={revision}", "-o", "json"))["items"]
+        if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
+            return None
+        pod = pods[0]
+        images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+        if images.get("queue-proxy") != queue_image:
+            return None
+        statuses = pod["status"].get("containerStatuses", [])
+        if len(statuses) != 2 or not all(s.get("ready") for s in statuses):
+            return None
+        return {"ip": pod["status"]["podIP"],
+                "containers": {s["name"]: s["containerID"].split("://", 1)[1] for s in statuses}}
+    return wait(f"the pod of {revision} with {queue_image}", found, 300)
+
+
+def activator():
+    pods = [p for p in json.loads(kubectl("-n", "knative-serving", "get", "pods", "-l", "app=activator",
+                                          "-o", "json"))["items"]
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    if len(pods) != 1:
+        raise SystemExit(f"bench: {len(pods)} running activators, expected one")
+    statuses = pods[0]["status"]["containerStatuses"]
+    ip = json.loads(kubectl("-n", "knative-serving", "get", "service", "activator-service", "-o", "json"))
+    return ip["spec"]["clusterIP"], statuses[0]["containerID"].split("://", 1)[1]
+
+
+def cgroup_of(container):
+    for folder, dirs, _ in os.walk(CPUACCT):
+        if container in dirs:
+            return os.path.join(folder, container)
+    raise SystemExit(f"bench: no cgroup for container {container} under {CPUACCT}")
+
+
+def cpu_ns(cgroup):
+    with open(os.path.join(cgroup, "cpuacct.usage")) as f:
+        return int(f.read())
+
+
+def parse_duration(text):
+    m = re.match(r"([\d.]+)(us|ms|s|m)$", text)
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
+
+
+def wrk(url, connections, seconds, headers=()):
+    flags = [a for h in headers for a in ("-H", h)]
+    out = cluster("run", "--", "wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", *flags, url)
+    m = re.search(r"(\d+) requests in", out)
+    pct = {p: parse_duration(v) for p, v in re.findall(r"^\s+(50|90|99)%\s+(\S+)", out, re.M)}
+    errors = sum(int(x) for x in re.findall(r"Non-2xx or 3xx responses: (\d+)", out))
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if sock:
+        errors += sum(int(x) for x in sock.groups())
+    return {"requests": int(m.group(1)), "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50": pct.get("50"), "p90": pct.get("90"), "p99": pct.get("99"), "errors": errors}
+
+
+def measure(url, args, cgroups, headers=()):
+    before = {k: cpu_ns(v) for k, v in cgroups.items()}
+    result = wrk(url, args.connections, args.seconds, headers)
+    for k, v in cgroups.items():
+        result[f"cpu_us_{k}"] = (cpu_ns(v) - before[k]) / 1000 / max(result["requests"], 1)
+    return result
+
+
+def throughput(args, rounds):
+    kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=service("hello", {
+        "autoscaling.knative.dev/min-scale": "1", "autoscaling.knative.dev/max-scale": "1"}))
+    status = wait("the Service hello Ready", lambda: ready("hello"), 300)
+    revision = status["latestReadyRevisionName"]
+    host = f"hello.{NAMESPACE}.svc.cluster.local"
+    for r in range(args.rounds):
+        order = IMAGES if r % 2 == 0 else IMAGES[::-1]
+        for image in order:
+            queue_image = cluster("use", image).strip().splitlines()[-1]
+            pod = the_pod(revision, queue_image)
+            act_ip, act_container = activator()
+            cgroups = {"app": cgroup_of(pod["containers"]["user-container"]),
+                       "qp": cgroup_of(pod["containers"]["queue-proxy"]),
+                       "activator": cgroup_of(act_container)}
+            paths = [
+                ("app", f"http://{pod['ip']}:8080/", ()),
+                ("qp", f"http://{pod['ip']}:8012/", ()),
+                ("activator", f"http://{act_ip}:80/", (f"Host: {host}", f"Knative-Serving-Namespace: {NAMESPACE}",
+                                                      f"Knative-Serving-Revision: {revision}")),
+            ]
+            for path, url, headers in paths:
+                result = measure(url, args, cgroups, headers)
+                result.update(round=r + 1, image=image, path=path)
+                rounds.append(result)
+                say(f"round {r + 1}, {image}, {path}: {result['rps']:,.0f} req/s, p90 {result['p90'] * 1e3:.2f} ms, "
+                    f"app {result['cpu_us_app']:.0f} µs, queue-proxy {result['cpu_us_qp']:.0f} µs, "
+                    f"activator {result['cpu_us_activator']:.0f} µs per request, {result['errors']} errors")
+    kubectl("-n", NAMESPACE, "delete", "ksvc", "hello", "--wait=false")
+
+
+def first_byte(host):
+    out = cluster("run", "--", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_starttransfer}",
+                  "--max-time", "120", "-H", f"Host: {host}", f"http://{knative.INGRESS_IP}/", check=False).split()
+    if len(out) != 2:
+        return 0, None
+    return int(out[0]), float(out[1])
+
+
+def pods_of(name):
+    return json.loads(kubectl("-n", NAMESPACE, "get", "pods", "-l", f"serving.knative.dev/service={name}",
+                              "-o", "json"))["items"]
+
+
+def cold_starts(args, tries):
+    """--cold first requests per queue-proxy to Services created at zero,
+    in batches of half, alternating."""
+    before = json.loads(kubectl("-n", "knative-serving", "get", "configmap", "config-autoscaler", "-o", "json"))
+    kubectl("-n", "knative-serving", "patch", "configmap", "config-autoscaler", "--type", "merge",
+            "-p", json.dumps({"data": {"allow-zero-initial-scale": "true"}}))
+    try:
+        batch = max(1, args.cold // 2)
+        n = 0
+        while any(sum(t["image"] == image for t in tries) < args.cold for image in IMAGES):
+            for image in IMAGES:
+                count = min(batch, args.cold - sum(t["image"] == image for t in tries))
+                if count <= 0:
+                    continue
+                queue_image = cluster("use", image).strip().splitlines()[-1]
+                names = []
+                for _ in range(count):
+                    n += 1
+                    names.append(f"cold-{n}")
+                    manifest = service(names[-1], {"autoscaling.knative.dev/initial-scale": "0",
+                                                   "autoscaling.knative.dev/max-scale": "1"})
+                    # The webhook reads allow-zero-initial-scale from its own
+                    # copy of the ConfigMap: until it has the change, it
+                    # refuses the annotation.
+                    wait(f"the Service {names[-1]} accepted at zero",
+                         lambda: kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=manifest, check=False), 120)
+                for name in names:
+                    wait(f"the Service {name} Ready at zero", lambda: ready(name), 300)
+                for name in names:
+                    if pods_of(name):
+                        raise SystemExit(f"bench: {name} has a pod before its first request: not a cold start")
+                    code, seconds = first_byte(f"{name}.{NAMESPACE}.{knative.DOMAIN}")
+                    ran = {c["image"] for p in pods_of(name) for c in p["spec"]["containers"]
+                           if c["name"] == "queue-proxy"}
+                    if ran != {queue_image}:
+                        raise SystemExit(f"bench: {name}'s pod runs {ran or 'nothing'}, not {queue_image}")
+                    tries.append({"image": image, "service": name, "code": code, "seconds": seconds})
+                    say(f"cold start, {image}, {name}: {code} after {seconds or 0:.2f} s")
+                    kubectl("-n", NAMESPACE, "delete", "ksvc", name, "--wait=false")
+    finally:
+        value = before.get("data", {}).get("allow-zero-initial-scale")
+        kubectl("-n", "knative-serving", "patch", "configmap", "config-autoscaler", "--type", "merge",
+                "-p", json.dumps({"data": {"allow-zero-initial-scale": value}}))
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+def p90(values):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(0.9 * (len(values) - 1))))] if values else None
+
+
+def summary(rounds, tries):
+    lines = ["| queue-proxy | path | req/s | p50 ms | p90 ms | p99 ms | app µs/req | queue-proxy µs/req | "
+             "activator µs/req | queue-proxy ÷ app CPU | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for image in IMAGES:
+        for path in ("app", "qp", "activator"):
+            rs = [r for r in rounds if r["image"] == image and r["path"] == path]
+            if not rs:
+                continue
+            m = {k: median([r[k] for r in rs]) for k in ("rps", "p50", "p90", "p99", "cpu_us_app", "cpu_us_qp",
+                                                        "cpu_us_activator")}
+            ratio = m["cpu_us_qp"] / m["cpu_us_app"] if m["cpu_us_app"] and path != "app" else None
+            lines.append(f"| {image} | {path} | {m['rps']:,.0f} | {m['p50'] * 1e3:.2f} | {m['p90'] * 1e3:.2f} | "
+                         f"{m['p99'] * 1e3:.2f} | {m['cpu_us_app']:.0f} | "
+                         f"{m['cpu_us_qp']:.0f} | {m['cpu_us_activator']:.0f} | "
+                         f"{'' if ratio is None else f'{ratio:.2f}'} | {sum(r['errors'] for r in rs)} |")
+    lines += ["", "| queue-proxy | cold starts | median s | p90 s | not 200 |", "|---|---|---|---|---|"]
+    for image in IMAGES:
+        ts = [t for t in tries if t["image"] == image]
+        if ts:
+            secs = [t["seconds"] for t in ts if t["seconds"] is not None]
+            lines.append(f"| {image} | {len(ts)} | {median(secs):.2f} | {p90(secs):.2f} | "
+                         f"{sum(t['code'] != 200 for t in ts)} |")
+    return "\n".join(lines) + "\n"
+
+
+def pictures(out, rounds, tries):
+    import matplotlib
+    matplotlib.use("svg")
+    matplotlib.rcParams["svg.hashsalt"] = "qproxy"
+    matplotlib.rcParams["svg.fonttype"] = "none"
+    import matplotlib.pyplot as plt
+
+    colours = {"go": "#8c8c8c", "qproxy": "#d9622b"}
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    labels = ["app port", "queue-proxy", "activator + queue-proxy"]
+    for ax, (key, title, scale) in zip(axes, (("rps", "requests per second", 1),
+                                              ("p90", "p90 latency (ms)", 1e3),
+                                              ("cpu_us_qp", "queue-proxy CPU per request (µs)", 1))):
+        for i, image in enumerate(IMAGES):
+            values = []
+            for path in ("app", "qp", "activator"):
+                rs = [r[key] for r in rounds if r["image"] == image and r["path"] == path]
+                values.append((median(rs) or 0) * scale if not (key == "cpu_us_qp" and path == "app") else 0)
+            ax.bar([x + (i - 0.5) * 0.38 for x in range(3)], values, 0.38, label=image, color=colours[image])
+        ax.set_xticks(range(3), labels, fontsize=8)
+        ax.set_title(title, fontsize=10)
+    axes[0].legend()
+    fig.suptitle("helloworld, one pod, 70 connections (median of the rounds)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "throughput.svg"), metadata={"Date": None})
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    data = [[t["seconds"] for t in tries if t["image"] == image and t["seconds"] is not None] for image in IMAGES]
+    box = ax.boxplot(data, patch_artist=True, tick_labels=list(IMAGES))
+    for patch, image in zip(box["boxes"], IMAGES):
+        patch.set_facecolor(colours[image])
+    ax.set_ylabel("first request to first byte (s)")
+    ax.set_title("cold start from zero, through Traefik and the activator")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "coldstart.svg"), metadata={"Date": None})
+    plt.close(fig)
+
+
+def with_matplotlib():
+    """Runs this script again under target/bench-venv, with matplotlib
+    installed there from PyPI, unless this Python already has it."""
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    python = os.path.join(VENV, "bin", "python3")
+    if sys.executable == python:
+        raise SystemExit("bench: matplotlib is missing from target/bench-venv")
+    if not os.path.exists(python):
+        say(f"installing {MATPLOTLIB} into target/bench-venv (PyPI)")
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", MATPLOTLIB], check=True)
+    os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=20)
+    ap.add_argument("--connections", type=int, default=70)
+    ap.add_argument("--cold", type=int, default=20, help="cold starts per queue-proxy")
+    ap.add_argument("--serving", choices=build.SERVINGS, default=build.SERVINGS[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "benches", "cluster"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench: needs root (scripts/cluster)")
+    if not shutil.which("wrk"):
+        raise SystemExit("bench: wrk is missing (Debian's package wrk; scripts/test tools installs it)")
+    with_matplotlib()
+    was_up = subprocess.run([CLUSTER, "status"], stdout=subprocess.DEVNULL).returncode == 0
+    if subprocess.run([CLUSTER, "up", "--serving", args.serving], stdout=subprocess.DEVNULL).returncode != 0:
+        raise SystemExit(1)
+    rounds, tries = [], []
+    try:
+        # A namespace of its own, fresh: nothing an earlier run left counts.
+        kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=300s")
+        kubectl("create", "namespace", NAMESPACE)
+        throughput(args, rounds)
+        cold_starts(args, tries)
+    finally:
+        if not was_up:
+            subprocess.run([CLUSTER, "down"])
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"serving": args.serving, "connections": args.connections, "seconds": args.seconds,
+                   "rounds": rounds, "cold": tries}, f, indent=1)
+    table = summary(rounds, tries)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table)
+    pictures(args.out, rounds, tries)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
