@@ -7,6 +7,7 @@ byte, with each queue-proxy.
 
     benches/cluster.py [--rounds 3] [--seconds 20] [--connections 70] [--cold 20]
                        [--serving v0.50.0|v0.42.2] [--out DIR]
+    benches/cluster.py --redraw [--out DIR]
 
 Needs root and the cluster of scripts/cluster (brought up if it is not,
 left as it was found). The paths measured, with the pod's queue-proxy set
@@ -303,19 +304,26 @@ def pictures(out, rounds, tries):
     import matplotlib.pyplot as plt
 
     colours = {"go": "#8c8c8c", "qproxy": "#d9622b"}
+    paths = ("app", "qp", "activator")
+    labels = {"app": "app port", "qp": "queue-proxy", "activator": "activator,\nqueue-proxy"}
+
+    def med(image, path, key):
+        return median([r[key] for r in rounds if r["image"] == image and r["path"] == path]) or 0
+
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
-    labels = ["app port", "queue-proxy", "activator + queue-proxy"]
-    for ax, (key, title, scale) in zip(axes, (("rps", "requests per second", 1),
-                                              ("p90", "p90 latency (ms)", 1e3),
-                                              ("cpu_us_qp", "queue-proxy CPU per request (µs)", 1))):
+    panels = (
+        ("requests per second", paths, lambda i, p: med(i, p, "rps")),
+        ("p90 latency (ms)", paths, lambda i, p: med(i, p, "p90") * 1e3),
+        ("queue-proxy CPU ÷ app CPU, per request", paths[1:],
+         lambda i, p: med(i, p, "cpu_us_qp") / max(med(i, p, "cpu_us_app"), 1e-9)),
+    )
+    for ax, (title, shown, value) in zip(axes, panels):
         for i, image in enumerate(IMAGES):
-            values = []
-            for path in ("app", "qp", "activator"):
-                rs = [r[key] for r in rounds if r["image"] == image and r["path"] == path]
-                values.append((median(rs) or 0) * scale if not (key == "cpu_us_qp" and path == "app") else 0)
-            ax.bar([x + (i - 0.5) * 0.38 for x in range(3)], values, 0.38, label=image, color=colours[image])
-        ax.set_xticks(range(3), labels, fontsize=8)
+            ax.bar([x + (i - 0.5) * 0.38 for x in range(len(shown))], [value(image, p) for p in shown], 0.38,
+                   label=image, color=colours[image])
+        ax.set_xticks(range(len(shown)), [labels[p] for p in shown], fontsize=8)
         ax.set_title(title, fontsize=10)
+    axes[2].axhline(1, color="black", linewidth=0.8, linestyle="--")
     axes[0].legend()
     fig.suptitle("helloworld, one pod, 70 connections (median of the rounds)")
     fig.tight_layout()
@@ -324,9 +332,13 @@ def pictures(out, rounds, tries):
 
     fig, ax = plt.subplots(figsize=(6, 4))
     data = [[t["seconds"] for t in tries if t["image"] == image and t["seconds"] is not None] for image in IMAGES]
-    box = ax.boxplot(data, patch_artist=True, tick_labels=list(IMAGES))
-    for patch, image in zip(box["boxes"], IMAGES):
+    box = ax.boxplot(data, patch_artist=True, tick_labels=list(IMAGES), medianprops={"color": "black"})
+    for i, (patch, image) in enumerate(zip(box["boxes"], IMAGES)):
         patch.set_facecolor(colours[image])
+        patch.set_alpha(0.5)
+        # Every try, spread sideways so that equal times stay visible.
+        ax.scatter([i + 1 + 0.15 * ((k % 5) - 2) / 2 for k in range(len(data[i]))], data[i], s=12,
+                   color=colours[image], zorder=3)
     ax.set_ylabel("first request to first byte (s)")
     ax.set_title("cold start from zero, through Traefik and the activator")
     fig.tight_layout()
@@ -362,7 +374,14 @@ def main():
     ap.add_argument("--cold", type=int, default=20, help="cold starts per queue-proxy")
     ap.add_argument("--serving", choices=build.SERVINGS, default=build.SERVINGS[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "benches", "cluster"))
+    ap.add_argument("--redraw", action="store_true",
+                    help="measure nothing: the table and pictures again from --out's results.json")
     args = ap.parse_args()
+    if args.redraw:
+        with_matplotlib()
+        with open(os.path.join(args.out, "results.json")) as f:
+            saved = json.load(f)
+        return write(args.out, saved["rounds"], saved["cold"])
     if os.geteuid() != 0:
         raise SystemExit("bench: needs root (scripts/cluster)")
     if not shutil.which("wrk"):
@@ -385,10 +404,14 @@ def main():
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"serving": args.serving, "connections": args.connections, "seconds": args.seconds,
                    "rounds": rounds, "cold": tries}, f, indent=1)
+    write(args.out, rounds, tries)
+
+
+def write(out, rounds, tries):
     table = summary(rounds, tries)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with open(os.path.join(out, "results.md"), "w") as f:
         f.write(table)
-    pictures(args.out, rounds, tries)
+    pictures(out, rounds, tries)
     print(table)
 
 
