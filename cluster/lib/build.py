@@ -1,11 +1,13 @@
-"""What the cluster is made of, built from the package registries into
-target/cluster: the Debian packages it runs with, its Go programs (each from
-a module under cluster/ that pins it), and the images it runs, each packed
-without a container engine (deploy/oci_image.py) and imported into
-containerd.
+"""What the cluster is made of, built from the package registries: the
+Debian packages it runs with, its Go programs (each from a module under
+cluster/ that pins it), and the images it runs, each packed without a
+container engine (deploy/oci_image.py) and imported into containerd.
 
-Each Go build is remembered by a stamp of its module's files: a later `up`
-builds again only what changed.
+The programs and images go to the machine's cache (CACHE), not to a
+clone's target/: like Go's own caches they serve every clone, and a clone
+made afresh (CI's) builds none of them again. Each is remembered by a
+stamp of what made it (its module's files and Go's version; the packer's
+code and the binary): a later `up` builds again only what changed.
 """
 
 import hashlib
@@ -22,6 +24,9 @@ from . import util
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 import oci_image  # noqa: E402  (the packer the release image uses)
+
+# The machine's cache of the cluster's programs and images.
+CACHE = os.environ.get("QPROXY_CLUSTER_CACHE", "/var/cache/qproxy-cluster")
 
 KUBERNETES = "v1.34.4"
 CONTAINERD = "v2.2.9"
@@ -74,7 +79,8 @@ class Builder:
         self.node = node
         self.build = node.build
         self.bin = node.bin
-        self.images = os.path.join(self.build, "images")
+        self.images = os.path.join(CACHE, "images")
+        self._go_version = None
         self.log = node.log("build")
 
     # ---- Go programs -------------------------------------------------------------
@@ -97,7 +103,7 @@ class Builder:
         the stamp of that module says it is already there."""
         folder = self.module(module)
         stamp_file = out.rstrip("/") + ".stamp"
-        stamp = self.stamp(folder, " ".join(packages) + ldflags)
+        stamp = self.stamp(folder, " ".join(packages) + ldflags + self.go_version())
         if os.path.exists(out) and os.path.exists(stamp_file):
             with open(stamp_file) as f:
                 if f.read() == stamp:
@@ -112,6 +118,11 @@ class Builder:
         with open(stamp_file, "w") as f:
             f.write(stamp)
         return True
+
+    def go_version(self):
+        if self._go_version is None:
+            self._go_version = util.run(["go", "env", "GOVERSION"], capture=True).strip()
+        return self._go_version
 
     def build_all(self, serving):
         k = KUBERNETES.lstrip("v").split(".")
@@ -191,16 +202,24 @@ class Builder:
     # ---- images ------------------------------------------------------------------
 
     def image(self, name, tag, binary, entrypoint, user="65532", ko=False, folder=""):
-        """Packs `binary` as the image `name:tag` (an archive under
-        target/cluster/images) unless that archive is newer than it and than
-        the code that lays it out; returns the archive's path and the
-        image's name. `ko` lays it out as ko does for Knative's images:
+        """Packs `binary` as the image `name:tag` (an archive under CACHE)
+        unless the archive's stamp says it was packed from this binary by
+        this code the same way; returns the archive's path and the image's
+        name. `ko` lays it out as ko does for Knative's images:
         /ko-app/<name>, KO_DATA_PATH, a /tmp."""
         out = os.path.join(self.images, folder, f"{name}-{tag}.tar")
         ref = f"ko.local/{name}:{tag}"
-        inputs = [binary, __file__, oci_image.__file__]
-        if os.path.exists(out) and os.path.getmtime(out) >= max(os.path.getmtime(p) for p in inputs):
-            return out, ref
+        made = os.stat(binary)
+        digest = hashlib.sha256(json.dumps([name, tag, entrypoint, user, ko, made.st_size,
+                                            made.st_mtime_ns]).encode())
+        for code in (__file__, oci_image.__file__):
+            with open(code, "rb") as f:
+                digest.update(f.read())
+        stamp = digest.hexdigest()
+        if os.path.exists(out) and os.path.exists(out + ".stamp"):
+            with open(out + ".stamp") as f:
+                if f.read() == stamp:
+                    return out, ref
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(binary, "rb") as f:
             data = f.read()
@@ -220,6 +239,8 @@ class Builder:
         mtime = 0
         files, _ = oci_image.archive_files(entries, config, labels, ref, ARCH, mtime, "scripts/cluster")
         oci_image.write_archive(out, files, mtime)
+        with open(out + ".stamp", "w") as f:
+            f.write(stamp)
         return out, ref
 
     def cluster_images(self, serving):

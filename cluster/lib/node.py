@@ -40,16 +40,19 @@ CGROUP = "qproxy-cluster"
 CGROUP_FS = "/sys/fs/cgroup"
 
 SANDBOX_IMAGE = f"ko.local/pause:{build.PAUSE}"
+# The node's programs, in the machine's cache.
+BIN = os.path.join(build.CACHE, "bin")
 
 
 class Node:
-    """The node's files: `build` is target/cluster (binaries, images; kept
-    across `down`), and under it `logs`, `pki` and the kubeconfigs of one
-    `up` (removed by `down`, but for the logs)."""
+    """The node's files: its programs in the machine's cache
+    (build.CACHE/bin, kept across `down` and shared by every clone);
+    `build` is target/cluster, and under it `logs`, `pki` and the
+    kubeconfigs of one `up` (removed by `down`, but for the logs)."""
 
     def __init__(self, build):
         self.build = build
-        self.bin = os.path.join(build, "bin")
+        self.bin = BIN
         self.logs = os.path.join(build, "logs")
         self.pki = os.path.join(build, "pki")
         self.etc = os.path.join(build, "etc")
