@@ -3,10 +3,17 @@
 
 use std::borrow::Cow;
 
-use crate::ExecError;
 use crate::funcs;
 use crate::parse::{Command, List, Node, Operand, Pipeline, Term};
 use crate::value::Value;
+
+/// A template that failed while it ran (a missing field, a function given
+/// the wrong values).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ExecError {
+    message: String,
+}
 
 pub(crate) struct State<'o, 'a> {
     out: &'o mut Vec<u8>,

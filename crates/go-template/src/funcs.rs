@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use crate::fmt::{is_print, sprintf};
+use crate::printf::{is_print, sprintf};
 use crate::value::{Value, sorted};
 
 /// The functions a template may name. `and` and `or` are evaluated lazily

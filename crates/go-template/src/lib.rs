@@ -36,30 +36,17 @@
 //! ```
 
 mod exec;
-mod fmt;
+mod float;
 mod funcs;
 mod parse;
+mod printf;
 mod value;
 
-pub use exec::canonical_header_key;
-pub use fmt::{float_v, sprintf};
+pub use exec::{ExecError, canonical_header_key};
+pub use float::float_v;
+pub use parse::ParseError;
+pub use printf::sprintf;
 pub use value::{Object, Value};
-
-/// A template that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("line {line}: {message}")]
-pub struct ParseError {
-    line: usize,
-    message: String,
-}
-
-/// A template that failed while it ran (a missing field, a function given
-/// the wrong values).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct ExecError {
-    message: String,
-}
 
 /// A parsed template.
 #[derive(Debug, Clone)]

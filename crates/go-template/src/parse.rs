@@ -1,8 +1,15 @@
 //! Parsing: template text into a tree of nodes, with Go's rules for
 //! actions, trim markers, comments, pipelines, literals and variables.
 
-use crate::ParseError;
 use crate::funcs;
+
+/// A template that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ParseError {
+    line: usize,
+    message: String,
+}
 
 /// A parsed template: text and actions, in order.
 pub(crate) type List = Vec<Node>;

@@ -59,7 +59,7 @@ fn range_over_an_integer_makes_one_element_at_a_time() {
 fn printf_refuses_widths_and_precisions_past_a_million_as_go_does() {
     let printf = |f: &str| {
         let mut out = Vec::new();
-        crate::fmt::sprintf(f.as_bytes(), &[Value::Int(7)], &mut out);
+        crate::printf::sprintf(f.as_bytes(), &[Value::Int(7)], &mut out);
         String::from_utf8(out).expect("utf-8")
     };
     assert_eq!(printf("%3d|"), "  7|");
@@ -74,7 +74,7 @@ fn printf_refuses_widths_and_precisions_past_a_million_as_go_does() {
 fn printf_takes_precisions_past_what_rust_formats_as_go_does() {
     let printf = |f: &str, v: f64| {
         let mut out = Vec::new();
-        crate::fmt::sprintf(f.as_bytes(), &[Value::Float(v)], &mut out);
+        crate::printf::sprintf(f.as_bytes(), &[Value::Float(v)], &mut out);
         String::from_utf8(out).expect("utf-8")
     };
     let f = printf("%.288888f", 0.1);

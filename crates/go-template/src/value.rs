@@ -96,7 +96,7 @@ impl<'a> Value<'a> {
             Value::Missing | Value::Nil => out.extend_from_slice(b"<nil>"),
             Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
             Value::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
-            Value::Float(f) => out.extend_from_slice(crate::fmt::float_v(*f).as_bytes()),
+            Value::Float(f) => out.extend_from_slice(crate::float::float_v(*f).as_bytes()),
             Value::Str(s) => out.extend_from_slice(s),
             Value::List(items) => {
                 out.push(b'[');
