@@ -17,6 +17,7 @@ use std::sync::Arc;
 use autoscaler_client::{Reporter, Stat};
 
 use crate::config::Revision;
+use crate::observe::prom_text::label;
 
 /// One gauge: its name, its help, and the figure of the `Stat` it shows.
 type Gauge = (&'static str, &'static str, fn(&Stat) -> f64);
@@ -73,7 +74,7 @@ impl AutoscalerView {
             ("service_name", service),
         ]
         .iter()
-        .map(|(name, value)| format!("{name}=\"{}\"", escape(value)))
+        .map(|(name, value)| label(name, value))
         .collect::<Vec<_>>()
         .join(",");
         Self {
@@ -91,14 +92,6 @@ impl AutoscalerView {
             let _ = writeln!(out, "{name}{{{}}} {}", self.labels, figure(&latest.stat));
         }
     }
-}
-
-/// A label value as the Prometheus text format escapes it.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

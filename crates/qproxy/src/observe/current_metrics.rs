@@ -48,6 +48,7 @@ use opentelemetry_sdk::runtime::Tokio;
 use crate::common::headers::is_probe;
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
 use crate::observe::otlp::{Target, Transport};
+use crate::observe::prom_text::label;
 use crate::observe::request_metrics::{read, write};
 use crate::observe::semconv::RouteTag;
 use crate::observe::traces::current_resource;
@@ -594,16 +595,15 @@ fn labels(
 }
 
 /// The `target_info` family: the resource current Knative describes the
-/// queue-proxy with.
-/// `target_info`: the resource OTLP exports carry ([`current_resource`]),
-/// as the OpenTelemetry Prometheus exporter writes it, with `_` for `.`.
+/// queue-proxy with, as OTLP exports carry it ([`current_resource`]) and
+/// the OpenTelemetry Prometheus exporter writes it, with `_` for `.`.
 fn target_info(revision: &Revision, otel: &OtelEnv) -> String {
     let resource = current_resource(revision, otel);
     let mut labels: Vec<String> = resource
         .iter()
         .map(|(k, v)| {
             let value = v.to_string();
-            format!("{}=\"{}\"", k.as_str().replace('.', "_"), escape(&value))
+            label(&k.as_str().replace('.', "_"), &value)
         })
         .collect();
     labels.sort();
@@ -611,12 +611,6 @@ fn target_info(revision: &Revision, otel: &OtelEnv) -> String {
         "# HELP target_info Target metadata\n# TYPE target_info gauge\ntarget_info{{{}}} 1\n",
         labels.join(",")
     )
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -20,10 +20,11 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
-use std::io::Write as _;
+use std::io::{self, Write as _};
 use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
+use serde_json::ser::CharEscape;
 use time::OffsetDateTime;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level as TraceLevel, Metadata, Subscriber};
@@ -367,23 +368,45 @@ fn push_time(out: &mut String, style: TimeStyle, now: SystemTime) {
     }
 }
 
-/// Appends `s` as a JSON string literal.
+/// Appends `s` as a JSON string literal, escaped as zap (Knative's
+/// logger) escapes it.
 fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
+    let mut json = serde_json::Serializer::with_formatter(Utf8Sink(out), ZapEscapes);
+    // Neither the sink nor a string's serialization can fail.
+    let _ = serde::Serialize::serialize(s, &mut json);
+}
+
+/// serde_json's compact form, but for the two controls zap writes as
+/// `\u00XX` where JSON's short forms `\b` and `\f` exist.
+struct ZapEscapes;
+
+impl serde_json::ser::Formatter for ZapEscapes {
+    fn write_char_escape<W>(&mut self, writer: &mut W, escape: CharEscape) -> io::Result<()>
+    where
+        W: ?Sized + io::Write,
+    {
+        match escape {
+            CharEscape::Backspace => writer.write_all(b"\\u0008"),
+            CharEscape::FormFeed => writer.write_all(b"\\u000c"),
+            other => serde_json::ser::CompactFormatter.write_char_escape(writer, other),
         }
     }
-    out.push('"');
+}
+
+/// A `String` as an `io::Write` for serde_json, which writes whole UTF-8
+/// pieces: the string's own runs and ASCII escapes.
+struct Utf8Sink<'a>(&'a mut String);
+
+impl io::Write for Utf8Sink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let text = std::str::from_utf8(bytes).map_err(io::Error::other)?;
+        self.0.push_str(text);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Collects an event's message and renders its other fields as JSON members.
@@ -519,6 +542,18 @@ mod tests {
             ("SERVING_LOGGING_LEVEL", level),
         ]);
         Logging::from_vars(&vars, &mut Vec::new()).unwrap()
+    }
+
+    #[test]
+    fn strings_are_escaped_as_zap_escapes_them() {
+        let mut out = String::new();
+        push_json_str(&mut out, "a\"b\\c/\n\r\t\u{8}\u{c}\u{1f}\u{7f}é\u{2028}");
+        // zap: \u00XX for every control but \n, \r and \t; DEL, `/` and
+        // U+2028 as they are.
+        assert_eq!(
+            out,
+            "\"a\\\"b\\\\c/\\n\\r\\t\\u0008\\u000c\\u001f\u{7f}é\u{2028}\""
+        );
     }
 
     #[test]

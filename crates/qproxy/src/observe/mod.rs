@@ -11,6 +11,7 @@ pub(crate) mod autoscaler_view;
 pub(crate) mod current_metrics;
 pub(crate) mod log;
 pub(crate) mod otlp;
+pub(crate) mod prom_text;
 pub(crate) mod request_log;
 pub(crate) mod request_metrics;
 pub(crate) mod semconv;
