@@ -33,11 +33,11 @@ use crate::common::tunnel::Tunnels;
 /// Drains the main port; cheap to clone, every clone is the same drain.
 #[derive(Debug, Clone)]
 pub(crate) struct Drainer {
-    inner: Arc<Inner>,
+    inner: Arc<DrainerState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct DrainerState {
     quiet: Duration,
     /// Origin of `last_request`.
     epoch: Instant,
@@ -62,7 +62,7 @@ impl Drainer {
     /// A drainer that completes after `quiet` with no request.
     pub(crate) fn new(quiet: Duration) -> Self {
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(DrainerState {
                 quiet,
                 epoch: Instant::now(),
                 draining: AtomicBool::new(false),
@@ -153,7 +153,7 @@ impl Drainer {
     }
 }
 
-impl Inner {
+impl DrainerState {
     fn since_epoch(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }

@@ -47,7 +47,7 @@ use tower::{Service, ServiceBuilder};
 use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
-use crate::common::Conn;
+use crate::common::Accepted;
 use crate::common::body::Body;
 use crate::common::tunnel::Tunnels;
 use crate::config::{Generation, Timeouts};
@@ -103,7 +103,7 @@ pub(crate) struct Shared {
 /// The service handling the requests of one main-port connection.
 pub(crate) fn main_service(
     shared: &Shared,
-    conn: Conn,
+    conn: Accepted,
 ) -> impl Service<
     Request<RequestBody>,
     Response = Response<MainBody>,

@@ -5,7 +5,7 @@
 //! The idle connections are a stack: a request takes the one used last,
 //! as Go's transport does, so that the others age out. At most `max` are
 //! kept, each for at most 90 s (Go's transport default). The stack holds
-//! either kind of connection qproxy has to the app: hyper's ([`Conn`]) and
+//! either kind of connection qproxy has to the app: hyper's ([`HyperConn`]) and
 //! its own ([`super::h1::AppConn`]); each says, through [`Pooled`],
 //! whether it is still open.
 
@@ -31,14 +31,14 @@ pub(crate) trait Pooled {
 
 /// An HTTP/1.1 connection to the app, spoken by hyper.
 #[derive(Debug)]
-pub(crate) struct Conn {
+pub(crate) struct HyperConn {
     /// Sends requests on it.
     pub(crate) sender: http1::SendRequest<RequestBody>,
     /// Our end, for error texts.
     pub(crate) local: SocketAddr,
 }
 
-impl Pooled for Conn {
+impl Pooled for HyperConn {
     fn is_closed(&self) -> bool {
         self.sender.is_closed()
     }
@@ -115,13 +115,13 @@ impl<C: Pooled + Send + 'static> Idle<C> {
 /// if dropped before that.
 #[derive(Debug)]
 pub(crate) struct Checkin {
-    idle: Arc<Idle<Conn>>,
-    conn: Conn,
+    idle: Arc<Idle<HyperConn>>,
+    conn: HyperConn,
 }
 
 impl Checkin {
     /// `conn`, to be handed back to `idle`.
-    pub(crate) fn new(idle: Arc<Idle<Conn>>, conn: Conn) -> Self {
+    pub(crate) fn new(idle: Arc<Idle<HyperConn>>, conn: HyperConn) -> Self {
         Checkin { idle, conn }
     }
 
@@ -140,17 +140,17 @@ mod tests {
 
     /// A connection over an in-memory stream, open while the returned task
     /// and stream are; `port` tells it apart.
-    async fn conn(port: u16) -> (Conn, (tokio::task::JoinHandle<()>, DuplexStream)) {
+    async fn conn(port: u16) -> (HyperConn, (tokio::task::JoinHandle<()>, DuplexStream)) {
         let (ours, theirs) = tokio::io::duplex(64);
         let (sender, connection) = http1::handshake(TokioIo::new(ours)).await.unwrap();
         let task = tokio::spawn(async move {
             let _ = connection.await;
         });
         let local = SocketAddr::from(([127, 0, 0, 1], port));
-        (Conn { sender, local }, (task, theirs))
+        (HyperConn { sender, local }, (task, theirs))
     }
 
-    fn ports(idle: &Idle<Conn>) -> Vec<u16> {
+    fn ports(idle: &Idle<HyperConn>) -> Vec<u16> {
         let conns = idle.conns.lock().unwrap();
         conns.iter().map(|(c, _)| c.local.port()).collect()
     }

@@ -78,7 +78,7 @@ pub(crate) fn metrics_route<B>(
 
 /// What a server knows of one accepted connection.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Conn {
+pub(crate) struct Accepted {
     /// The client's address (IPv4 clients of a dual-stack socket show as
     /// IPv4).
     pub(crate) remote: SocketAddr,

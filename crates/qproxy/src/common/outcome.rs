@@ -134,9 +134,9 @@ mod tests {
     type Entry = (Option<u16>, u64);
 
     #[derive(Debug, Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<Entry>>>);
+    struct Recorded(Arc<Mutex<Vec<Entry>>>);
 
-    impl Record for Seen {
+    impl Record for Recorded {
         fn record(&mut self, ended: Ended) {
             if let Ok(mut seen) = self.0.lock() {
                 seen.push((ended.status, ended.size));
@@ -144,8 +144,8 @@ mod tests {
         }
     }
 
-    fn ended(method: Method, steps: impl FnOnce(&mut Observed<Seen>)) -> Entry {
-        let seen = Seen::default();
+    fn ended(method: Method, steps: impl FnOnce(&mut Observed<Recorded>)) -> Entry {
+        let seen = Recorded::default();
         let mut observed = Observed::new(&method, seen.clone());
         steps(&mut observed);
         drop(observed);

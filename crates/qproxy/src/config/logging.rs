@@ -94,7 +94,7 @@ pub struct Logging {
     pub outputs: Vec<LogOutput>,
     /// zap's sampling: per level and message and per second, the first
     /// `initial` lines are written, then every `thereafter`-th.
-    pub sampling: Option<Sampling>,
+    pub sampling: Option<LogSampling>,
     /// Set when `SERVING_LOGGING_CONFIG` did not parse and the defaults were
     /// used instead: the reason, to be logged once logging is up.
     pub fallback_reason: Option<String>,
@@ -113,7 +113,7 @@ pub enum LogOutput {
 
 /// zap's sampling settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct Sampling {
+pub struct LogSampling {
     /// Lines per level and message per second written in full.
     #[serde(default)]
     pub initial: u64,
@@ -135,7 +135,7 @@ impl Default for Logging {
             level_style: LevelStyle::Stackdriver,
             time_style: TimeStyle::Rfc3339Nano,
             outputs: vec![LogOutput::Stderr],
-            sampling: Some(Sampling {
+            sampling: Some(LogSampling {
                 initial: 100,
                 thereafter: 100,
             }),
@@ -153,7 +153,7 @@ struct ZapConfig {
     disable_caller: Option<bool>,
     /// Absent keeps the default; `null` turns sampling off.
     #[serde(default, deserialize_with = "present")]
-    sampling: Option<Option<Sampling>>,
+    sampling: Option<Option<LogSampling>>,
     encoder_config: Option<EncoderConfig>,
 }
 
@@ -350,7 +350,7 @@ mod tests {
         assert_eq!(l.outputs, [LogOutput::Stderr]);
         assert_eq!(
             l.sampling,
-            Some(Sampling {
+            Some(LogSampling {
                 initial: 100,
                 thereafter: 100
             })
@@ -373,7 +373,7 @@ mod tests {
         let l = logging(r#"{"sampling":{"initial":5,"thereafter":10}}"#, "").unwrap();
         assert_eq!(
             l.sampling,
-            Some(Sampling {
+            Some(LogSampling {
                 initial: 5,
                 thereafter: 10
             })

@@ -26,15 +26,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use logging::{Level, LevelStyle, LogOutput, Logging, Sampling, TimeStyle};
+pub use logging::{Level, LevelStyle, LogOutput, LogSampling, Logging, TimeStyle};
 pub use observability::{
     Classic, Current, DEFAULT_REQUEST_LOG_TEMPLATE, Generation, MetricsBackend, MetricsConfig,
-    MetricsProtocol, Observability, RequestLog, RuntimeConfig, TracingBackend, TracingConfig,
+    MetricsProtocol, Observability, RequestLogConfig, RuntimeConfig, TracingBackend, TracingConfig,
     TracingProtocol,
 };
 pub use otel::{OtelEnv, TlsFiles};
 pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
-pub use tls::{Tls, TlsVersion};
+pub use tls::{TlsSettings, TlsVersion};
 pub use vars::Vars;
 
 /// Where Knative mounts the queue-proxy's TLS certificate and key
@@ -281,7 +281,7 @@ pub struct Config {
     pub observability: Observability,
     /// TLS listener settings, or why they are invalid: like Knative, qproxy
     /// fails on them only when it serves TLS.
-    pub tls: Result<Tls, ConfigError>,
+    pub tls: Result<TlsSettings, ConfigError>,
     /// Where the TLS certificate (`tls.crt`) and key (`tls.key`) are
     /// mounted: Knative's `/var/lib/knative/certs`, or `QPROXY_CERT_DIR`.
     /// TLS is served when both files exist at start.
@@ -357,7 +357,7 @@ impl Config {
         let workers = Workers::from_vars(vars)?;
         let logging = Logging::from_vars(vars, &mut warnings)?;
         let observability = observability::from_vars(vars, &mut warnings)?;
-        let tls = Tls::from_vars(vars, observability.generation());
+        let tls = TlsSettings::from_vars(vars, observability.generation());
         let cert_dir = vars
             .non_empty(CERT_DIR)?
             .map_or_else(|| PathBuf::from(KNATIVE_CERT_DIR), PathBuf::from);
@@ -617,7 +617,7 @@ mod tests {
         let mut vars = defaults();
         vars.set("QUEUE_PROXY_TLS_MAX_VERSION", "2.0");
         let c = Config::from_vars(&vars).unwrap();
-        assert_eq!(c.tls.unwrap(), Tls::classic());
+        assert_eq!(c.tls.unwrap(), TlsSettings::classic());
         assert!(c.warnings.is_empty());
     }
 

@@ -48,7 +48,7 @@ impl Observability {
     }
 
     /// Request logging settings, whichever generation.
-    pub fn request_log(&self) -> &RequestLog {
+    pub fn request_log(&self) -> &RequestLogConfig {
         match self {
             Observability::Classic(c) => &c.request_log,
             Observability::Current(c) => &c.request_log,
@@ -80,7 +80,7 @@ impl Observability {
 
 /// Request log settings.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RequestLog {
+pub struct RequestLogConfig {
     /// Write one line per request.
     pub enabled: bool,
     /// Go `text/template` shaping each line.
@@ -89,7 +89,7 @@ pub struct RequestLog {
     pub probes: bool,
 }
 
-impl RequestLog {
+impl RequestLogConfig {
     /// The template to render, with the newline Knative adds when it lacks
     /// one; `None` when request logs are off (not enabled, or an empty
     /// template, which Knative takes as off).
@@ -124,7 +124,7 @@ impl RequestLog {
 pub struct Classic {
     /// `SERVING_ENABLE_REQUEST_LOG`, `SERVING_REQUEST_LOG_TEMPLATE`,
     /// `SERVING_ENABLE_PROBE_REQUEST_LOG`.
-    pub request_log: RequestLog,
+    pub request_log: RequestLogConfig,
     /// `SERVING_REQUEST_METRICS_BACKEND`.
     pub request_metrics_backend: MetricsBackend,
     /// `SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS` (`None` when 0).
@@ -199,7 +199,7 @@ impl Classic {
         let sample_rate = vars.float("TRACING_CONFIG_SAMPLE_RATE")?;
         check_rate("TRACING_CONFIG_SAMPLE_RATE", sample_rate)?;
         Ok(Self {
-            request_log: RequestLog {
+            request_log: RequestLogConfig {
                 enabled: vars.bool("SERVING_ENABLE_REQUEST_LOG")?,
                 template: vars
                     .raw("SERVING_REQUEST_LOG_TEMPLATE")?
@@ -251,7 +251,7 @@ pub struct Current {
     /// `runtime`.
     pub runtime: RuntimeConfig,
     /// `enableRequestLog`, `requestLogTemplate`, `enableProbeRequestLog`.
-    pub request_log: RequestLog,
+    pub request_log: RequestLogConfig,
     /// The `OTEL_*` variables Knative's setup honours (boxed: most
     /// configurations have none).
     pub otel: Box<OtelEnv>,
@@ -390,7 +390,7 @@ impl Current {
             request_metrics: metrics(raw.request_metrics)
                 .map_err(|e| invalid(format!("requestMetrics {e}")))?,
             runtime,
-            request_log: RequestLog {
+            request_log: RequestLogConfig {
                 enabled: raw.enable_request_log,
                 template: raw
                     .request_log_template

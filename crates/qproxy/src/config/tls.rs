@@ -25,7 +25,7 @@ pub enum TlsVersion {
 
 /// TLS listener settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tls {
+pub struct TlsSettings {
     /// Lowest version accepted (Knative's default: 1.3).
     pub min_version: TlsVersion,
     /// Highest version accepted; `None` is the library's highest.
@@ -66,7 +66,7 @@ const CURVES: &[&str] = &[
     "P-521",
 ];
 
-impl Tls {
+impl TlsSettings {
     /// Classic Knative's fixed settings: TLS 1.3 only, Go's defaults.
     pub fn classic() -> Self {
         Self {
@@ -135,8 +135,8 @@ fn names(
 mod tests {
     use super::*;
 
-    fn tls(pairs: &[(&str, &str)]) -> Result<Tls, ConfigError> {
-        Tls::from_vars(
+    fn tls(pairs: &[(&str, &str)]) -> Result<TlsSettings, ConfigError> {
+        TlsSettings::from_vars(
             &Vars::from_pairs(pairs.iter().copied()),
             Generation::Current,
         )
@@ -149,8 +149,8 @@ mod tests {
             ("QUEUE_PROXY_TLS_CIPHER_SUITES", "nonsense"),
         ]);
         assert_eq!(
-            Tls::from_vars(&vars, Generation::Classic).unwrap(),
-            Tls::classic()
+            TlsSettings::from_vars(&vars, Generation::Classic).unwrap(),
+            TlsSettings::classic()
         );
     }
 

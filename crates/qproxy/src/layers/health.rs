@@ -77,21 +77,21 @@ pub(crate) struct Health<S> {
 }
 
 /// What kind of request this is to the drainer.
-enum Kind {
+enum RequestKind {
     HealthCheck,
     NetworkProbe,
     Other,
 }
 
-fn kind(headers: &HeaderMap) -> Kind {
+fn kind(headers: &HeaderMap) -> RequestKind {
     let [ua, network] = first_values(headers, [&USER_AGENT, &K_NETWORK_PROBE]);
     let ua = ua.map_or(&b""[..], |v| v.as_bytes());
     if HEALTH_CHECK_UA_PREFIXES.iter().any(|p| ua.starts_with(p)) {
-        Kind::HealthCheck
+        RequestKind::HealthCheck
     } else if network.is_some_and(|v| v.as_bytes() == PROBE) {
-        Kind::NetworkProbe
+        RequestKind::NetworkProbe
     } else {
-        Kind::Other
+        RequestKind::Other
     }
 }
 
@@ -110,7 +110,7 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         match kind(req.headers()) {
-            Kind::Other => {
+            RequestKind::Other => {
                 self.drainer.request_arrived();
                 Answering::inner(self.inner.call(req))
             }
@@ -118,8 +118,8 @@ where
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting down\n",
             )),
-            Kind::NetworkProbe => Answering::now(network_probe(req.headers())),
-            Kind::HealthCheck => health_check(req.headers(), &self.readiness),
+            RequestKind::NetworkProbe => Answering::now(network_probe(req.headers())),
+            RequestKind::HealthCheck => health_check(req.headers(), &self.readiness),
         }
     }
 }
@@ -190,7 +190,7 @@ mod tests {
         ] {
             assert!(matches!(
                 kind(&headers(&[("user-agent", ua)])),
-                Kind::HealthCheck
+                RequestKind::HealthCheck
             ));
         }
         for other in [
@@ -198,11 +198,11 @@ mod tests {
             headers(&[("user-agent", "Kube-Probe/1.29")]),
             headers(&[("k-network-probe", "queue")]),
         ] {
-            assert!(matches!(kind(&other), Kind::Other));
+            assert!(matches!(kind(&other), RequestKind::Other));
         }
         assert!(matches!(
             kind(&headers(&[("k-network-probe", "probe")])),
-            Kind::NetworkProbe
+            RequestKind::NetworkProbe
         ));
         // A health check's user agent wins over a network probe header.
         assert!(matches!(
@@ -210,7 +210,7 @@ mod tests {
                 ("user-agent", "kube-probe/1"),
                 ("k-network-probe", "probe")
             ])),
-            Kind::HealthCheck
+            RequestKind::HealthCheck
         ));
     }
 }

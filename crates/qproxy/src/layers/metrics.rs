@@ -112,11 +112,11 @@ where
                     Scope::Revision => route_tag_unless_probe(req.headers()),
                     Scope::App => (!is_probe(req.headers())).then_some(Cow::Borrowed("")),
                 };
-                tag.map(|tag| Series::Classic(m.clone(), tag))
+                tag.map(|tag| MetricsTarget::Classic(m.clone(), tag))
             }
             Some(UserMetrics::Current(m)) => (layer.scope == Scope::App
                 || !is_probe(req.headers()))
-            .then(|| Series::Current(m.clone(), Box::new(HttpAttributes::of(&req)))),
+            .then(|| MetricsTarget::Current(m.clone(), Box::new(HttpAttributes::of(&req)))),
             None => None,
         };
         let measuring = series.map(|series| {
@@ -136,14 +136,14 @@ where
 /// of the two places measured it.
 #[derive(Debug)]
 pub(crate) struct Measuring {
-    series: Series,
+    series: MetricsTarget,
     scope: Scope,
 }
 
 /// Where a request is recorded, and what chooses its series beyond its
 /// status.
 #[derive(Debug)]
-enum Series {
+enum MetricsTarget {
     /// Classic Knative's, by route tag (empty for the app's series).
     Classic(RequestMetrics, Cow<'static, str>),
     /// Current Knative's, by the request's HTTP attributes.
@@ -155,8 +155,10 @@ impl Record for Measuring {
         // A body cut off counts as Go's aborted handler: 500.
         let status = ended.status.unwrap_or(500);
         match &self.series {
-            Series::Classic(m, tag) => m.series(self.scope, status, tag).record(ended.elapsed),
-            Series::Current(m, attributes) => match self.scope {
+            MetricsTarget::Classic(m, tag) => {
+                m.series(self.scope, status, tag).record(ended.elapsed)
+            }
+            MetricsTarget::Current(m, attributes) => match self.scope {
                 Scope::Revision => m.record_server(attributes, status, ended.size, ended.elapsed),
                 Scope::App => m.record_app(attributes, status, ended.elapsed),
             },

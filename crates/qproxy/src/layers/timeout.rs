@@ -109,8 +109,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let clock = Clock::start(self.timeouts, self.generation);
-        let (deadline, _) = clock.before_start();
+        let deadlines = Deadlines::start(self.timeouts, self.generation);
+        let (deadline, _) = deadlines.before_start();
         // Only a request asking to upgrade, or a `CONNECT`, can open a
         // tunnel; the others are spared the allocation of an extensions map.
         if req.method() == Method::CONNECT || req.headers().contains_key(UPGRADE) {
@@ -119,7 +119,7 @@ where
         TimeoutFuture {
             inner: self.inner.call(req),
             timer: self.spare.take(deadline),
-            clock,
+            deadlines,
         }
     }
 }
@@ -194,13 +194,13 @@ enum Fired {
 
 /// The deadlines of one request.
 #[derive(Debug, Clone, Copy)]
-struct Clock {
+struct Deadlines {
     started: Instant,
     timeouts: Timeouts,
     generation: Generation,
 }
 
-impl Clock {
+impl Deadlines {
     fn start(timeouts: Timeouts, generation: Generation) -> Self {
         Self {
             started: Instant::now(),
@@ -260,7 +260,7 @@ pin_project! {
         #[pin]
         inner: F,
         timer: Timer,
-        clock: Clock,
+        deadlines: Deadlines,
     }
 }
 
@@ -274,14 +274,14 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if let Poll::Ready(Ok(res)) = this.inner.poll(cx) {
-            let clock = *this.clock;
-            return Poll::Ready(Ok(res.map(|body| TimeoutBody::started(body, clock))));
+            let deadlines = *this.deadlines;
+            return Poll::Ready(Ok(res.map(|body| TimeoutBody::started(body, deadlines))));
         }
         if this.timer.poll(cx).is_pending() {
             return Poll::Pending;
         }
-        let (_, fired) = this.clock.before_start();
-        this.clock.log(fired);
+        let (_, fired) = this.deadlines.before_start();
+        this.deadlines.log(fired);
         // Go's handler writes the status and the text, no more: the type is
         // sniffed, and there is no `X-Content-Type-Options`.
         let res = text(StatusCode::GATEWAY_TIMEOUT, REQUEST_TIMEOUT);
@@ -306,7 +306,7 @@ pin_project! {
         sleep: Option<Pin<Box<Sleep>>>,
         // `None` when no timeout applies (qproxy's own answers, or classic
         // Knative without an idle timeout).
-        running: Option<Running>,
+        running: Option<ResponseTimer>,
         // Set once a timeout fired.
         timed_out: bool,
     }
@@ -314,18 +314,18 @@ pin_project! {
 
 /// What a started response is timed by.
 #[derive(Debug, Clone, Copy)]
-struct Running {
-    clock: Clock,
+struct ResponseTimer {
+    deadlines: Deadlines,
     last_write: Instant,
 }
 
-impl Running {
+impl ResponseTimer {
     fn overall(&self) -> Option<Instant> {
-        self.clock.overall_after_start()
+        self.deadlines.overall_after_start()
     }
 
     fn idle_deadline(&self) -> Option<Instant> {
-        self.clock.timeouts.idle.map(|d| self.last_write + d)
+        self.deadlines.timeouts.idle.map(|d| self.last_write + d)
     }
 
     /// The earliest deadline that applies.
@@ -348,15 +348,18 @@ impl<B> TimeoutBody<B> {
         }
     }
 
-    fn started(body: B, clock: Clock) -> Self {
+    fn started(body: B, deadlines: Deadlines) -> Self {
         // The clock is read only if the idle timeout needs the time of this
         // first write.
-        let last_write = if clock.timeouts.idle.is_some() {
+        let last_write = if deadlines.timeouts.idle.is_some() {
             Instant::now()
         } else {
-            clock.started
+            deadlines.started
         };
-        let running = Running { clock, last_write };
+        let running = ResponseTimer {
+            deadlines,
+            last_write,
+        };
         TimeoutBody {
             body,
             sleep: None,
@@ -371,7 +374,7 @@ impl<B> TimeoutBodyProj<'_, B> {
     /// Ends the body: logs the timeout and fails every later poll.
     fn fire<T>(&mut self, fired: Fired) -> Poll<Option<Result<T, crate::BoxError>>> {
         if let Some(running) = self.running {
-            running.clock.log(fired);
+            running.deadlines.log(fired);
         }
         tracing::debug!(?fired, "response cut short by a timeout");
         *self.timed_out = true;
@@ -485,23 +488,23 @@ mod tests {
 
     #[tokio::test]
     async fn earliest_timeout_bounds_the_wait_for_the_response() {
-        let clock = Clock::start(timeouts(300, Some(10), Some(20)), Generation::Classic);
+        let deadlines = Deadlines::start(timeouts(300, Some(10), Some(20)), Generation::Classic);
         assert_eq!(
-            clock.before_start(),
+            deadlines.before_start(),
             (
-                clock.started + Duration::from_secs(10),
+                deadlines.started + Duration::from_secs(10),
                 Fired::ResponseStart
             )
         );
-        let clock = Clock::start(timeouts(5, Some(10), Some(2)), Generation::Classic);
+        let deadlines = Deadlines::start(timeouts(5, Some(10), Some(2)), Generation::Classic);
         assert_eq!(
-            clock.before_start(),
-            (clock.started + Duration::from_secs(2), Fired::Idle)
+            deadlines.before_start(),
+            (deadlines.started + Duration::from_secs(2), Fired::Idle)
         );
-        let clock = Clock::start(timeouts(5, None, None), Generation::Current);
+        let deadlines = Deadlines::start(timeouts(5, None, None), Generation::Current);
         assert_eq!(
-            clock.before_start(),
-            (clock.started + Duration::from_secs(5), Fired::Overall)
+            deadlines.before_start(),
+            (deadlines.started + Duration::from_secs(5), Fired::Overall)
         );
     }
 
@@ -509,16 +512,16 @@ mod tests {
     async fn overall_timeout_outlives_the_response_start_only_in_current() {
         let t = timeouts(300, None, None);
         assert_eq!(
-            Clock::start(t, Generation::Classic).overall_after_start(),
+            Deadlines::start(t, Generation::Classic).overall_after_start(),
             None
         );
-        let current = Clock::start(t, Generation::Current);
+        let current = Deadlines::start(t, Generation::Current);
         assert_eq!(
             current.overall_after_start(),
             Some(current.started + Duration::from_secs(300))
         );
         // Classic with no idle timeout: nothing left to time.
-        let body = TimeoutBody::started(Body::empty(), Clock::start(t, Generation::Classic));
+        let body = TimeoutBody::started(Body::empty(), Deadlines::start(t, Generation::Classic));
         assert!(body.sleep.is_none() && body.running.is_none());
     }
 
@@ -528,8 +531,8 @@ mod tests {
         let endless = StreamBody::new(futures_util::stream::repeat_with(|| {
             Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x")))
         }));
-        let clock = Clock::start(timeouts(1, None, None), Generation::Current);
-        let mut body = std::pin::pin!(TimeoutBody::started(endless, clock));
+        let deadlines = Deadlines::start(timeouts(1, None, None), Generation::Current);
+        let mut body = std::pin::pin!(TimeoutBody::started(endless, deadlines));
         assert!(body.frame().await.is_some_and(|f| f.is_ok()));
         tokio::time::advance(Duration::from_secs(2)).await;
         let cut = body.frame().await.expect("a frame");

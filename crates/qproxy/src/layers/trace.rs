@@ -152,7 +152,7 @@ fn start<B: http_body::Body>(
             Some(Spanned {
                 traces: traces.clone(),
                 cx: proxy,
-                kind: Kind::Internal,
+                kind: SpanEnd::Internal,
                 status: None,
             })
         }
@@ -186,7 +186,7 @@ fn start<B: http_body::Body>(
 
 /// How a span ends.
 #[derive(Debug, Clone, Copy)]
-enum Kind {
+enum SpanEnd {
     /// With the response's status; and for a server span (not the client
     /// span to the app), the body sizes.
     Http { sizes: Option<Sizes> },
@@ -199,7 +199,7 @@ enum Kind {
 pub(crate) struct Spanned {
     traces: Traces,
     cx: Context,
-    kind: Kind,
+    kind: SpanEnd,
     status: Option<StatusCode>,
 }
 
@@ -208,7 +208,7 @@ impl Spanned {
         Self {
             traces: traces.clone(),
             cx,
-            kind: Kind::Http { sizes },
+            kind: SpanEnd::Http { sizes },
             status: None,
         }
     }
@@ -220,7 +220,7 @@ impl Settle for Spanned {
     }
 
     fn data(&mut self, len: usize) {
-        if let Kind::Http { sizes: Some(sizes) } = &mut self.kind {
+        if let SpanEnd::Http { sizes: Some(sizes) } = &mut self.kind {
             sizes.written += len as u64;
         }
     }
@@ -229,8 +229,8 @@ impl Settle for Spanned {
 impl Drop for Spanned {
     fn drop(&mut self) {
         match self.kind {
-            Kind::Http { sizes } => self.traces.end_http(&self.cx, self.status, sizes),
-            Kind::Internal => self.cx.span().end(),
+            SpanEnd::Http { sizes } => self.traces.end_http(&self.cx, self.status, sizes),
+            SpanEnd::Internal => self.cx.span().end(),
         }
     }
 }

@@ -139,7 +139,7 @@ impl HttpAttributes {
 /// Current Knative's request metrics; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct CurrentMetrics {
-    inner: Arc<Inner>,
+    inner: Arc<OtelMetricsState>,
 }
 
 impl std::fmt::Debug for CurrentMetrics {
@@ -148,7 +148,7 @@ impl std::fmt::Debug for CurrentMetrics {
     }
 }
 
-struct Inner {
+struct OtelMetricsState {
     user_port: u16,
     backend: Backend,
 }
@@ -213,7 +213,7 @@ impl CurrentMetrics {
             }
         }
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(OtelMetricsState {
                 user_port,
                 backend: Backend::Prometheus {
                     handle: recorder.handle(),
@@ -316,7 +316,7 @@ impl CurrentMetrics {
             provider,
         };
         Ok(Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(OtelMetricsState {
                 user_port,
                 backend: Backend::Otlp(Box::new(otlp)),
             }),

@@ -31,7 +31,7 @@ use tracing::{Event, Level as TraceLevel, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
-use crate::config::{Level, LevelStyle, LogOutput, Logging, Revision, Sampling, TimeStyle};
+use crate::config::{Level, LevelStyle, LogOutput, LogSampling, Logging, Revision, TimeStyle};
 
 /// The crates whose events follow the configured level.
 const OUR_CRATES: [&str; 3] = [env!("CARGO_CRATE_NAME"), "breaker", "autoscaler_client"];
@@ -70,7 +70,7 @@ impl Sink {
 /// zap's sampler: counts lines per level and message within each second.
 #[derive(Debug)]
 struct Sampler {
-    sampling: Sampling,
+    sampling: LogSampling,
     window: Mutex<Window>,
 }
 
@@ -95,7 +95,7 @@ impl Sampler {
         }
         let n = window.counts.entry((level, hasher.finish())).or_insert(0);
         *n += 1;
-        let Sampling {
+        let LogSampling {
             initial,
             thereafter,
         } = self.sampling;

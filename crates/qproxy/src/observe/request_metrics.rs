@@ -81,7 +81,7 @@ pub(crate) enum Scope {
 /// The request metrics of one revision's pod; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct RequestMetrics {
-    inner: Arc<Inner>,
+    inner: Arc<OpenCensusState>,
 }
 
 impl std::fmt::Debug for RequestMetrics {
@@ -90,7 +90,7 @@ impl std::fmt::Debug for RequestMetrics {
     }
 }
 
-struct Inner {
+struct OpenCensusState {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     /// The revision's labels, sorted by name with the per-request ones.
@@ -98,20 +98,20 @@ struct Inner {
     /// Series by status code and route tag.
     requests: RwLock<HashMap<u16, ByTag>>,
     /// Series by status code.
-    app: RwLock<HashMap<u16, Arc<Series>>>,
+    app: RwLock<HashMap<u16, Arc<SeriesPair>>>,
     queue_depth: OnceLock<Gauge>,
     /// The series of requests whose route tag Knative cannot use as a
     /// label, and of those past [`MAX_TAGGED_SERIES`].
-    untagged: OnceLock<Arc<Series>>,
+    untagged: OnceLock<Arc<SeriesPair>>,
     /// The series of almost every request, kept aside so that finding it
     /// hashes nothing and takes no lock: `200` on the default route
     /// (`DISABLED`), and the app's `200`.
-    revision_ok: OnceLock<Arc<Series>>,
-    app_ok: OnceLock<Arc<Series>>,
+    revision_ok: OnceLock<Arc<SeriesPair>>,
+    app_ok: OnceLock<Arc<SeriesPair>>,
 }
 
-/// Series of one status code, by route tag.
-type ByTag = HashMap<Box<str>, Arc<Series>>;
+/// SeriesPair of one status code, by route tag.
+type ByTag = HashMap<Box<str>, Arc<SeriesPair>>;
 
 /// The most series of requests by response code and route tag kept. The
 /// route tag comes from a request header, so a client could otherwise
@@ -123,12 +123,12 @@ const MAX_TAGGED_SERIES: usize = 2000;
 
 /// One series pair: a count and a latency histogram.
 #[derive(Debug)]
-pub(crate) struct Series {
+pub(crate) struct SeriesPair {
     count: Counter,
     latency: Histogram,
 }
 
-impl Series {
+impl SeriesPair {
     /// Counts one request that took `latency`.
     pub(crate) fn record(&self, latency: Duration) {
         self.count.increment(1);
@@ -173,7 +173,7 @@ impl RequestMetrics {
             Label::new("service_name", service),
         ];
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(OpenCensusState {
                 handle: recorder.handle(),
                 recorder,
                 revision,
@@ -192,7 +192,7 @@ impl RequestMetrics {
     /// series in use takes a read lock and allocates nothing; the
     /// series of a `200` on the default route, or of the app's `200`, not
     /// even that.
-    pub(crate) fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
+    pub(crate) fn series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<SeriesPair> {
         let inner = &self.inner;
         let hot = match scope {
             _ if status != 200 => None,
@@ -211,7 +211,7 @@ impl RequestMetrics {
     }
 
     /// [`Self::series`], looked up in (or added to) the maps.
-    fn find_series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<Series> {
+    fn find_series(&self, scope: Scope, status: u16, route_tag: &str) -> Arc<SeriesPair> {
         let inner = &self.inner;
         match scope {
             Scope::Revision if !is_label_value(route_tag) => inner.untagged(),
@@ -292,10 +292,10 @@ pub(super) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Inner {
+impl OpenCensusState {
     /// The series of requests counted without their response code and
     /// route tag.
-    fn untagged(&self) -> Arc<Series> {
+    fn untagged(&self) -> Arc<SeriesPair> {
         self.untagged
             .get_or_init(|| {
                 let labels = self.labels([
@@ -314,7 +314,7 @@ impl Inner {
         latency: &'static str,
         status: u16,
         route_tag: Option<&str>,
-    ) -> Series {
+    ) -> SeriesPair {
         let mut extra = vec![
             ("response_code", status.to_string()),
             ("response_code_class", format!("{}xx", status / 100)),
@@ -325,8 +325,13 @@ impl Inner {
         self.series_of(count, latency, self.labels(extra))
     }
 
-    fn series_of(&self, count: &'static str, latency: &'static str, labels: Vec<Label>) -> Series {
-        Series {
+    fn series_of(
+        &self,
+        count: &'static str,
+        latency: &'static str,
+        labels: Vec<Label>,
+    ) -> SeriesPair {
+        SeriesPair {
             count: self
                 .recorder
                 .register_counter(&Key::from_parts(count, labels.clone()), &METADATA),

@@ -77,7 +77,7 @@ impl Traces {
     ) -> Result<Option<Self>, ExportError> {
         let (exporter, sampler, resource, delay): (
             Exporter,
-            Option<Sampling>,
+            Option<TraceSampler>,
             Resource,
             Option<Duration>,
         ) = match observability {
@@ -100,7 +100,7 @@ impl Traces {
                 };
                 let exporter =
                     ZipkinExporter::new(uri, &revision.pod, revision.pod_ip.parse().ok());
-                let sampler = Some(Sampling::Classic(OpenCensusSampler {
+                let sampler = Some(TraceSampler::Classic(OpenCensusSampler {
                     always: c.tracing_debug,
                     rate: c.sample_rate,
                 }));
@@ -125,7 +125,7 @@ impl Traces {
                 // SDK reads it.
                 let sampler = (!c.otel.traces_sampler_from_env).then(|| {
                     let arg = c.otel.sampler_arg().ok().flatten();
-                    Sampling::Current(current_sampler(t.sampling_rate, arg))
+                    TraceSampler::Current(current_sampler(t.sampling_rate, arg))
                 });
                 (
                     Exporter::Otlp(target.span_exporter()?),
@@ -515,12 +515,12 @@ impl ShouldSample for OpenCensusSampler {
 
 /// Each generation's sampling.
 #[derive(Debug, Clone)]
-enum Sampling {
+enum TraceSampler {
     Classic(OpenCensusSampler),
     Current(Sampler),
 }
 
-impl ShouldSample for Sampling {
+impl ShouldSample for TraceSampler {
     fn should_sample(
         &self,
         parent: Option<&Context>,
@@ -531,10 +531,10 @@ impl ShouldSample for Sampling {
         links: &[opentelemetry::trace::Link],
     ) -> SamplingResult {
         match self {
-            Sampling::Classic(s) => {
+            TraceSampler::Classic(s) => {
                 s.should_sample(parent, trace_id, name, kind, attributes, links)
             }
-            Sampling::Current(s) => {
+            TraceSampler::Current(s) => {
                 s.should_sample(parent, trace_id, name, kind, attributes, links)
             }
         }

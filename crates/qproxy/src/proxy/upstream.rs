@@ -39,7 +39,7 @@ use super::error::UpstreamError;
 use crate::common::body::{Body, RequestBody};
 use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
 use crate::common::h2;
-use crate::common::keep_alive::{Checkin, Conn, Idle};
+use crate::common::keep_alive::{Checkin, HyperConn, Idle};
 use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
 /// TCP keep-alive on upstream connections (Knative's dialer).
@@ -51,7 +51,7 @@ pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
     /// Idle connections spoken by hyper: requests whose body streams.
-    idle: Arc<Idle<Conn>>,
+    idle: Arc<Idle<HyperConn>>,
     /// Idle connections spoken by qproxy: requests without a body, or with
     /// one whole.
     idle_own: Arc<Idle<AppConn>>,
@@ -215,12 +215,12 @@ impl Upstream {
         Ok((tcp, local))
     }
 
-    fn checkin(&self, conn: Conn) -> Checkin {
+    fn checkin(&self, conn: HyperConn) -> Checkin {
         Checkin::new(self.idle.clone(), conn)
     }
 
     /// A new HTTP/1.1 connection, driven by a task of its own.
-    async fn dial_http1(&self) -> Result<Conn, UpstreamError> {
+    async fn dial_http1(&self) -> Result<HyperConn, UpstreamError> {
         let (tcp, local) = self.dial_keepalive().await?;
         let (sender, conn) = http1_builder()
             .handshake(TokioIo::new(tcp))
@@ -231,7 +231,7 @@ impl Upstream {
                 tracing::debug!(error = %e, "HTTP/1.1 connection to the user container ended");
             }
         });
-        Ok(Conn { sender, local })
+        Ok(HyperConn { sender, local })
     }
 
     /// Sends a `CONNECT` on a connection of its own, its authority-form

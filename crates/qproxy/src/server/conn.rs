@@ -38,7 +38,7 @@ use super::head::{
 };
 use super::rewind::Rewind;
 use crate::common::body::RequestBody;
-use crate::common::{Conn, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use crate::common::{Accepted, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
@@ -155,7 +155,7 @@ pub(crate) async fn serve<M, S, B>(
     graceful: Arc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
 ) where
-    M: Fn(Conn) -> S,
+    M: Fn(Accepted) -> S,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
@@ -189,7 +189,7 @@ pub(crate) async fn serve<M, S, B>(
             }
         };
         tune(&stream);
-        let conn = Conn {
+        let conn = Accepted {
             remote: SocketAddr::new(remote.ip().to_canonical(), remote.port()),
         };
         let service = make(conn);
@@ -253,7 +253,7 @@ pub(super) async fn handshake<IO>(
     mut io: IO,
     acceptor: &TlsAcceptor,
     limit: Duration,
-    conn: Conn,
+    conn: Accepted,
 ) -> Option<Handshaken<IO>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
@@ -300,7 +300,7 @@ pub(super) async fn connection<IO, S, B>(
     builder: Protocols,
     mut service: S,
     watcher: Watcher,
-    conn: Conn,
+    conn: Accepted,
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
@@ -433,7 +433,7 @@ mod tests {
     const H2_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
     /// The client end of the tests' connections.
-    const CLIENT: Conn = Conn {
+    const CLIENT: Accepted = Accepted {
         remote: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1),
     };
 

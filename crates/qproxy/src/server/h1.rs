@@ -961,7 +961,7 @@ mod tests {
     use super::super::graceful::GracefulShutdown;
     use super::super::head::{HEAD_TIMEOUT, HeadClock};
     use super::*;
-    use crate::common::Conn;
+    use crate::common::Accepted;
 
     type TestBody = BoxBody<Bytes, Infallible>;
     type Answer = fn() -> Response<TestBody>;
@@ -1002,7 +1002,7 @@ mod tests {
             builder,
             service,
             graceful.watcher(),
-            Conn { remote },
+            Accepted { remote },
         ))
     }
 

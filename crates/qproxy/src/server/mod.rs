@@ -6,7 +6,7 @@
 //! three steps, each a function of this module: it builds the shared state
 //! from the configuration (`build`), spawns the servers and the background
 //! loops (`spawn`), and, once told to stop, takes the drain's way out
-//! (`Running::shut_down`).
+//! (`RunningServers::shut_down`).
 
 mod conn;
 mod graceful;
@@ -40,7 +40,7 @@ use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
 use crate::stack::{self, Shared};
 use crate::stats::{self, REPORTING_PERIOD, StatsEndpoint};
-use crate::tls::Tls;
+use crate::tls::TlsPort;
 use conn::{main_builder, serve, small_server};
 
 /// A queue-proxy whose ports are bound, ready to serve.
@@ -53,7 +53,7 @@ pub struct Server {
     metrics: Option<Listener>,
     profiling: Option<Listener>,
     /// The TLS port, and its TLS, when the certificate is mounted.
-    tls: Option<(Listener, Tls)>,
+    tls: Option<(Listener, TlsPort)>,
 }
 
 /// The addresses a [`Server`] listens on.
@@ -100,7 +100,7 @@ impl Server {
             } else {
                 None
             },
-            tls: match Tls::from_config(&config)? {
+            tls: match TlsPort::from_config(&config)? {
                 Some(tls) => Some((Listener::bind("tls", ports.tls)?, tls)),
                 None => None,
             },
@@ -159,7 +159,7 @@ impl MainPort {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
-        let conn = crate::common::Conn { remote };
+        let conn = crate::common::Accepted { remote };
         let service = stack::main_service(&self.shared, conn);
         conn::connection(
             io,
@@ -235,7 +235,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
 }
 
 /// The servers and loops that run, and what stops them.
-struct Running {
+struct RunningServers {
     servers: JoinSet<()>,
     /// The stats reporting and the metrics upkeep, stopped with the servers.
     loops: Vec<JoinHandle<()>>,
@@ -246,7 +246,7 @@ struct Running {
 }
 
 /// Starts serving every port of `server`, and the background loops.
-fn spawn(server: Server, parts: Parts) -> Running {
+fn spawn(server: Server, parts: Parts) -> RunningServers {
     let Parts {
         main,
         reporter,
@@ -310,7 +310,7 @@ fn spawn(server: Server, parts: Parts) -> Running {
         profiling::prepare_temp_dir();
         servers.spawn(small_server(listener, Profiling::default(), None, g, s));
     }
-    Running {
+    RunningServers {
         servers,
         loops,
         graceful,
@@ -320,11 +320,11 @@ fn spawn(server: Server, parts: Parts) -> Running {
     }
 }
 
-impl Running {
+impl RunningServers {
     /// Takes the drain's way out (see [`Shutdown`]), closing the servers
     /// when the drain is done, then sends what the exporters hold.
     async fn shut_down(self) {
-        let Running {
+        let RunningServers {
             mut servers,
             loops,
             graceful,

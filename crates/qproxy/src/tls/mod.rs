@@ -42,7 +42,7 @@ pub(crate) use crate::common::crypto::provider;
 
 /// The TLS side of the servers, when the certificate is mounted.
 #[derive(Clone)]
-pub(crate) struct Tls {
+pub(crate) struct TlsPort {
     /// Handshakes with the configured settings and the current pair.
     pub(crate) acceptor: TlsAcceptor,
     /// Whether the admin port is served over TLS too (classic Knative).
@@ -50,16 +50,16 @@ pub(crate) struct Tls {
     store: Arc<CertStore>,
 }
 
-impl std::fmt::Debug for Tls {
+impl std::fmt::Debug for TlsPort {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tls")
+        f.debug_struct("TlsPort")
             .field("admin", &self.admin)
             .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
 
-impl Tls {
+impl TlsPort {
     /// TLS as `config` asks for it, or `None` when the certificate and key
     /// are not both there.
     pub(crate) fn from_config(config: &Config) -> Result<Option<Self>, TlsError> {

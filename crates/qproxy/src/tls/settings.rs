@@ -1,4 +1,4 @@
-//! The TLS settings of either generation ([`Tls`]) as a rustls server
+//! The TLS settings of either generation ([`TlsSettings`]) as a rustls server
 //! configuration, with Go's meaning for each.
 //!
 //! - **Versions:** TLS 1.2 and 1.3 between the minimum and the maximum.
@@ -22,7 +22,7 @@ use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls::server::ResolvesServerCert;
 use rustls::{CipherSuite, NamedGroup, ProtocolVersion, ServerConfig, SupportedCipherSuite};
 
-use crate::config::{ConfigError, Generation, Tls, TlsVersion};
+use crate::config::{ConfigError, Generation, TlsSettings, TlsVersion};
 
 const MIN_VERSION: &str = "QUEUE_PROXY_TLS_MIN_VERSION";
 const CIPHER_SUITES: &str = "QUEUE_PROXY_TLS_CIPHER_SUITES";
@@ -49,7 +49,7 @@ const H2_REQUIRED: [CipherSuite; 2] = [
 /// The server configuration for `tls` in `generation`, with certificates
 /// from `certs`, over `base`'s cryptography.
 pub(crate) fn server_config(
-    tls: &Tls,
+    tls: &TlsSettings,
     generation: Generation,
     base: &CryptoProvider,
     certs: Arc<dyn ResolvesServerCert>,
@@ -71,7 +71,9 @@ pub(crate) fn server_config(
     Ok(config)
 }
 
-fn versions(tls: &Tls) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, ConfigError> {
+fn versions(
+    tls: &TlsSettings,
+) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, ConfigError> {
     let max = tls.max_version.unwrap_or(TlsVersion::Tls13);
     let versions: Vec<_> = [
         (TlsVersion::Tls12, &rustls::version::TLS12),
@@ -105,7 +107,7 @@ fn version_name(v: TlsVersion) -> &'static str {
 /// Every TLS 1.3 suite of `base`, then the TLS 1.2 suites named (or, with
 /// none named, `base`'s).
 fn cipher_suites(
-    tls: &Tls,
+    tls: &TlsSettings,
     base: &CryptoProvider,
 ) -> Result<Vec<SupportedCipherSuite>, ConfigError> {
     if tls.cipher_suites.is_empty() {
@@ -156,7 +158,7 @@ fn cipher_suites(
 
 /// The groups named, in Go's order, or each generation's default.
 fn kx_groups(
-    tls: &Tls,
+    tls: &TlsSettings,
     generation: Generation,
     base: &CryptoProvider,
 ) -> Result<Vec<&'static dyn SupportedKxGroup>, ConfigError> {
@@ -193,8 +195,8 @@ fn kx_groups(
 mod tests {
     use super::*;
 
-    fn settings(min: TlsVersion, suites: &[&str], curves: &[&str]) -> Tls {
-        Tls {
+    fn settings(min: TlsVersion, suites: &[&str], curves: &[&str]) -> TlsSettings {
+        TlsSettings {
             min_version: min,
             max_version: None,
             cipher_suites: suites.iter().map(|s| (*s).to_owned()).collect(),
@@ -202,7 +204,7 @@ mod tests {
         }
     }
 
-    fn groups(tls: &Tls, generation: Generation) -> Vec<NamedGroup> {
+    fn groups(tls: &TlsSettings, generation: Generation) -> Vec<NamedGroup> {
         kx_groups(tls, generation, &super::super::provider())
             .unwrap()
             .iter()
@@ -212,7 +214,7 @@ mod tests {
 
     #[test]
     fn each_generation_gets_its_go_default_groups() {
-        let tls = Tls::classic();
+        let tls = TlsSettings::classic();
         assert_eq!(
             groups(&tls, Generation::Current),
             [
@@ -264,7 +266,7 @@ mod tests {
     #[test]
     fn cipher_suites_name_tls12_ones_and_refuse_what_rustls_lacks() {
         let provider = super::super::provider();
-        let names = |tls: &Tls| -> Vec<String> {
+        let names = |tls: &TlsSettings| -> Vec<String> {
             cipher_suites(tls, &provider)
                 .unwrap()
                 .iter()
