@@ -28,7 +28,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::common::go::go_duration;
-use crate::common::tunnel::Tunnels;
+use crate::common::tunnel_registry::Tunnels;
 
 /// Drains the main port; cheap to clone, every clone is the same drain.
 #[derive(Debug, Clone)]

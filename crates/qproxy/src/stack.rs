@@ -49,7 +49,7 @@ use breaker::{Breaker, PermitBody};
 
 use crate::common::Accepted;
 use crate::common::body::Body;
-use crate::common::tunnel::Tunnels;
+use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Generation, Timeouts};
 use crate::drain::Drainer;
 use crate::layers::RewriteLayer;

@@ -16,7 +16,7 @@ pub(crate) mod headers;
 pub(crate) mod keep_alive;
 pub(crate) mod outcome;
 pub(crate) mod reply;
-pub(crate) mod tunnel;
+pub(crate) mod tunnel_registry;
 
 use std::future::Future;
 use std::net::SocketAddr;

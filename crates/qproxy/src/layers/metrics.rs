@@ -19,8 +19,8 @@
 //! untouched.
 //!
 //! The same two places feed classic Knative's series
-//! ([`crate::observe::request_metrics`]) or current Knative's instruments
-//! ([`crate::observe::current_metrics`]): the server's and the client's
+//! ([`crate::observe::opencensus_metrics`]) or current Knative's instruments
+//! ([`crate::observe::otel_metrics`]): the server's and the client's
 //! HTTP instruments, and the invocation duration.
 
 use std::borrow::Cow;
@@ -34,8 +34,8 @@ use crate::common::body::{Guarded, GuardedFuture};
 use crate::common::headers::is_probe;
 use crate::common::outcome::{Ended, Observed, Record};
 use crate::observe::UserMetrics;
-use crate::observe::current_metrics::{CurrentMetrics, HttpAttributes};
-use crate::observe::request_metrics::{RequestMetrics, Scope, route_tag_unless_probe};
+use crate::observe::opencensus_metrics::{OpenCensusMetrics, Scope, route_tag_unless_probe};
+use crate::observe::otel_metrics::{HttpAttributes, OtelMetrics};
 
 /// Adds [`Metrics`] to a stack.
 #[derive(Debug, Clone)]
@@ -145,9 +145,9 @@ pub(crate) struct Measuring {
 #[derive(Debug)]
 enum MetricsTarget {
     /// Classic Knative's, by route tag (empty for the app's series).
-    Classic(RequestMetrics, Cow<'static, str>),
+    Classic(OpenCensusMetrics, Cow<'static, str>),
     /// Current Knative's, by the request's HTTP attributes.
-    Current(CurrentMetrics, Box<HttpAttributes>),
+    Current(OtelMetrics, Box<HttpAttributes>),
 }
 
 impl Record for Measuring {

@@ -47,7 +47,7 @@ use tower::{Layer, Service};
 use crate::common::body::Body;
 use crate::common::go::go_duration;
 use crate::common::reply::text;
-use crate::common::tunnel::TunnelDeadline;
+use crate::common::tunnel_registry::TunnelDeadline;
 use crate::config::{Generation, Timeouts};
 
 /// The body of the `504`.

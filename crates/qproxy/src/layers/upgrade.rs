@@ -21,7 +21,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::common::body::Body;
-use crate::common::tunnel::{Tunnel, Tunnels};
+use crate::common::tunnel_registry::{Tunnel, Tunnels};
 
 /// Adds [`UpgradeHold`] to a stack.
 #[derive(Debug, Clone, Default)]

@@ -8,12 +8,12 @@
 //! and [`Observers::flush`] sends what the exporters still hold at exit.
 
 pub(crate) mod autoscaler_view;
-pub(crate) mod current_metrics;
 pub(crate) mod log;
+pub(crate) mod opencensus_metrics;
+pub(crate) mod otel_metrics;
 pub(crate) mod otlp;
 pub(crate) mod prom_text;
 pub(crate) mod request_log;
-pub(crate) mod request_metrics;
 pub(crate) mod semconv;
 pub(crate) mod traces;
 pub(crate) mod zipkin;
@@ -31,9 +31,9 @@ use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
 use autoscaler_view::AutoscalerView;
-use current_metrics::CurrentMetrics;
+use opencensus_metrics::OpenCensusMetrics;
+use otel_metrics::OtelMetrics;
 use request_log::{RequestLog, SharedRequestLog};
-use request_metrics::RequestMetrics;
 use traces::Traces;
 
 /// An exporter the configuration asks for could not be set up.
@@ -76,9 +76,9 @@ impl std::fmt::Display for Signal {
 #[derive(Debug, Clone)]
 pub(crate) enum UserMetrics {
     /// Classic Knative's (`SERVING_REQUEST_METRICS_BACKEND=prometheus`).
-    Classic(request_metrics::RequestMetrics),
+    Classic(opencensus_metrics::OpenCensusMetrics),
     /// Current Knative's (`requestMetrics.protocol: prometheus`).
-    Current(current_metrics::CurrentMetrics),
+    Current(otel_metrics::OtelMetrics),
 }
 
 impl UserMetrics {
@@ -87,23 +87,25 @@ impl UserMetrics {
     /// Prometheus text or pushed over OTLP.
     fn new(config: &Config) -> Result<Option<Self>, ExportError> {
         Ok(match &config.observability {
-            o if o.classic_prometheus_metrics() => {
-                Some(UserMetrics::Classic(RequestMetrics::new(&config.revision)))
-            }
-            Observability::Current(c) => match c.request_metrics.protocol {
-                MetricsProtocol::Prometheus => Some(UserMetrics::Current(
-                    CurrentMetrics::prometheus(&config.revision, &c.otel, config.ports.user),
-                )),
-                MetricsProtocol::Grpc | MetricsProtocol::HttpProtobuf => {
-                    Some(UserMetrics::Current(CurrentMetrics::otlp(
-                        &c.request_metrics,
-                        &c.otel,
-                        &config.revision,
-                        config.ports.user,
-                    )?))
+            o if o.classic_prometheus_metrics() => Some(UserMetrics::Classic(
+                OpenCensusMetrics::new(&config.revision),
+            )),
+            Observability::Current(c) => {
+                match c.request_metrics.protocol {
+                    MetricsProtocol::Prometheus => Some(UserMetrics::Current(
+                        OtelMetrics::prometheus(&config.revision, &c.otel, config.ports.user),
+                    )),
+                    MetricsProtocol::Grpc | MetricsProtocol::HttpProtobuf => {
+                        Some(UserMetrics::Current(OtelMetrics::otlp(
+                            &c.request_metrics,
+                            &c.otel,
+                            &config.revision,
+                            config.ports.user,
+                        )?))
+                    }
+                    MetricsProtocol::None => None,
                 }
-                MetricsProtocol::None => None,
-            },
+            }
             _ => None,
         })
     }
@@ -117,7 +119,7 @@ impl UserMetrics {
     }
 
     /// Folds recorded histogram samples into their buckets; run every
-    /// [`request_metrics::UPKEEP_PERIOD`].
+    /// [`opencensus_metrics::UPKEEP_PERIOD`].
     pub(crate) fn run_upkeep(&self) {
         match self {
             UserMetrics::Classic(m) => m.run_upkeep(),
@@ -174,11 +176,11 @@ impl Observers {
     }
 
     /// Starts the upkeep of the request metrics, if any: their histograms
-    /// folded every [`request_metrics::UPKEEP_PERIOD`].
+    /// folded every [`opencensus_metrics::UPKEEP_PERIOD`].
     pub(crate) fn spawn_upkeep(&self) -> Option<JoinHandle<()>> {
         let metrics = self.request_metrics.clone()?;
         Some(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(request_metrics::UPKEEP_PERIOD);
+            let mut ticks = tokio::time::interval(opencensus_metrics::UPKEEP_PERIOD);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 ticks.tick().await;

@@ -8,12 +8,12 @@
 //! headers ([`hop`]), and sends HTTP/1 as HTTP/1.1 and HTTP/2 as h2c
 //! ([`upstream`]). An upgrade the app accepts with `101`, and a `CONNECT`
 //! it accepts with a `2xx` (over HTTP/1.1 or HTTP/2), becomes a two-way
-//! byte tunnel ([`tunnel`]). A failure to reach the app is `502` with Go's
+//! byte tunnel ([`tunnel_copy`]). A failure to reach the app is `502` with Go's
 //! error text as the body, logged once.
 
 pub(crate) mod error;
 pub(crate) mod hop;
-pub(crate) mod tunnel;
+pub(crate) mod tunnel_copy;
 pub(crate) mod upstream;
 
 use std::convert::Infallible;
@@ -35,7 +35,7 @@ use crate::common::headers::{
     KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR,
 };
 use crate::common::reply::http_error;
-use crate::common::tunnel::TunnelDeadline;
+use crate::common::tunnel_registry::TunnelDeadline;
 pub(crate) use error::UpstreamError;
 pub(crate) use upstream::{Upstream, WholeRequest};
 
@@ -168,7 +168,7 @@ impl Proxy {
             if !requested.eq_ignore_ascii_case(offered) {
                 return Err(mismatch(Some(requested), Some(offered)));
             }
-            let tunnel = tunnel::spawn(client, hyper::upgrade::on(&mut res), deadline);
+            let tunnel = tunnel_copy::spawn(client, hyper::upgrade::on(&mut res), deadline);
             res.extensions_mut().insert(tunnel);
             return Ok(res.map(|_| Body::empty()));
         }
@@ -199,7 +199,7 @@ impl Proxy {
             // What follows the head is the tunnel's: no body framing.
             res.headers_mut().remove(CONTENT_LENGTH);
             res.headers_mut().remove(TRANSFER_ENCODING);
-            let tunnel = tunnel::spawn(client, hyper::upgrade::on(&mut res), deadline);
+            let tunnel = tunnel_copy::spawn(client, hyper::upgrade::on(&mut res), deadline);
             res.extensions_mut().insert(tunnel);
             return Ok(res.map(|_| Body::empty()));
         }
@@ -228,7 +228,7 @@ impl Proxy {
         if res.status().is_success() {
             res.headers_mut().remove(CONTENT_LENGTH);
             let (parts, from_app) = res.into_parts();
-            let tunnel = tunnel::spawn_stream(client, from_app, to_app, deadline);
+            let tunnel = tunnel_copy::spawn_stream(client, from_app, to_app, deadline);
             let mut res = Response::from_parts(parts, Body::empty());
             res.extensions_mut().insert(tunnel);
             return Ok(res);

@@ -29,7 +29,7 @@ pub use listener::BindError;
 pub(crate) use listener::Listener;
 
 use crate::admin::Admin;
-use crate::common::tunnel::Tunnels;
+use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Config, Generation};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;

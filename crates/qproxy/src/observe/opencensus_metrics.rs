@@ -80,13 +80,13 @@ pub(crate) enum Scope {
 
 /// The request metrics of one revision's pod; cheap to clone.
 #[derive(Clone)]
-pub(crate) struct RequestMetrics {
+pub(crate) struct OpenCensusMetrics {
     inner: Arc<OpenCensusState>,
 }
 
-impl std::fmt::Debug for RequestMetrics {
+impl std::fmt::Debug for OpenCensusMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestMetrics").finish_non_exhaustive()
+        f.debug_struct("OpenCensusMetrics").finish_non_exhaustive()
     }
 }
 
@@ -137,7 +137,7 @@ impl SeriesPair {
     }
 }
 
-impl RequestMetrics {
+impl OpenCensusMetrics {
     /// The metrics of `revision`'s pod.
     pub(crate) fn new(revision: &Revision) -> Self {
         let builder = PrometheusBuilder::new();
@@ -456,7 +456,7 @@ mod tests {
 
     #[test]
     fn tags_past_the_limit_share_the_series_with_empty_labels() {
-        let m = RequestMetrics::new(&revision());
+        let m = OpenCensusMetrics::new(&revision());
         let kept: Vec<_> = (0..MAX_TAGGED_SERIES)
             .map(|i| m.series(Scope::Revision, 200, &format!("t{i}")))
             .collect();
@@ -473,14 +473,14 @@ mod tests {
 
     #[test]
     fn the_default_route_s_200_is_the_series_the_maps_hold() {
-        let m = RequestMetrics::new(&revision());
+        let m = OpenCensusMetrics::new(&revision());
         for (scope, tag) in [(Scope::Revision, "DISABLED"), (Scope::App, "")] {
             let hot = m.series(scope, 200, tag);
             assert!(Arc::ptr_eq(&hot, &m.series(scope, 200, tag)));
             assert!(Arc::ptr_eq(&hot, &m.find_series(scope, 200, tag)));
         }
         // Past the cap, it is the untagged series, as the maps would give.
-        let full = RequestMetrics::new(&revision());
+        let full = OpenCensusMetrics::new(&revision());
         for i in 0..MAX_TAGGED_SERIES {
             full.series(Scope::Revision, 200, &format!("t{i}"));
         }
@@ -491,7 +491,7 @@ mod tests {
 
     #[test]
     fn unusable_route_tags_share_one_series_with_empty_labels() {
-        let m = RequestMetrics::new(&revision());
+        let m = OpenCensusMetrics::new(&revision());
         let long = "x".repeat(256);
         let a = m.series(Scope::Revision, 200, &long);
         let b = m.series(Scope::Revision, 404, "caf\u{e9}");
@@ -506,7 +506,7 @@ mod tests {
 
     #[test]
     fn renders_knative_series() {
-        let m = RequestMetrics::new(&revision());
+        let m = OpenCensusMetrics::new(&revision());
         assert_eq!(m.render().trim(), "", "nothing before the first request");
         m.series(Scope::Revision, 200, "DISABLED")
             .record(Duration::from_micros(7_900));

@@ -47,9 +47,9 @@ use opentelemetry_sdk::runtime::Tokio;
 
 use crate::common::headers::is_probe;
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
+use crate::observe::opencensus_metrics::{read, write};
 use crate::observe::otlp::{Target, Transport};
 use crate::observe::prom_text::label;
-use crate::observe::request_metrics::{read, write};
 use crate::observe::semconv::RouteTag;
 use crate::observe::traces::current_resource;
 use crate::observe::{ExportError, Signal, semconv};
@@ -138,13 +138,13 @@ impl HttpAttributes {
 
 /// Current Knative's request metrics; cheap to clone.
 #[derive(Clone)]
-pub(crate) struct CurrentMetrics {
+pub(crate) struct OtelMetrics {
     inner: Arc<OtelMetricsState>,
 }
 
-impl std::fmt::Debug for CurrentMetrics {
+impl std::fmt::Debug for OtelMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CurrentMetrics").finish_non_exhaustive()
+        f.debug_struct("OtelMetrics").finish_non_exhaustive()
     }
 }
 
@@ -186,7 +186,7 @@ struct Otlp {
 /// The Go SDK's export interval, when the configuration sets none.
 const DEFAULT_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
 
-impl CurrentMetrics {
+impl OtelMetrics {
     /// The metrics of `revision`'s pod, whose app listens on `user_port`,
     /// served as Prometheus text.
     pub(crate) fn prometheus(revision: &Revision, otel: &OtelEnv, user_port: u16) -> Self {

@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::common::body::Body;
-use crate::common::tunnel::{Tunnel, TunnelDeadline};
+use crate::common::tunnel_registry::{Tunnel, TunnelDeadline};
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;
