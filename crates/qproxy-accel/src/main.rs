@@ -13,7 +13,8 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     convert::Infallible,
-    net::SocketAddr,
+    io,
+    net::{AddrParseError, SocketAddr},
     path::{Path, PathBuf},
     process::ExitCode,
     sync::{
@@ -28,9 +29,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 use qproxy_accel::{Accel, accel, discover, selftest};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::SignalKind;
 use tracing::{error, info, warn};
 
 const USAGE: &str = "usage: qproxy-accel --cgroup PATH --metrics-addr ADDR [--pin-dir DIR] \
@@ -59,7 +60,54 @@ enum Command {
     Detach,
 }
 
-fn parse(argv: impl Iterator<Item = String>) -> Result<Args, String> {
+/// Why the arguments were refused, or that only the usage was asked for.
+#[derive(Debug, thiserror::Error)]
+enum ArgsError {
+    /// `-h` or `--help`: the usage, and nothing else, was asked for.
+    #[error("the usage was asked for")]
+    Help,
+    /// A flag came last, without its value.
+    #[error("{flag} needs a value")]
+    MissingValue {
+        /// The flag.
+        flag: &'static str,
+    },
+    /// `--metrics-addr`'s value is not an address and port.
+    #[error("--metrics-addr {value:?} is not an address and port")]
+    InvalidMetricsAddr {
+        /// The value given.
+        value: String,
+        /// Why.
+        #[source]
+        source: AddrParseError,
+    },
+    /// `--scan-interval`'s value is not a number of seconds in range.
+    #[error("--scan-interval {value:?} is not a number of seconds (0 to 3600)")]
+    InvalidScanInterval {
+        /// The value given.
+        value: String,
+    },
+    /// `--max-sockets`'s value is not a positive number.
+    #[error("--max-sockets {value:?} is not a positive number")]
+    InvalidMaxSockets {
+        /// The value given.
+        value: String,
+    },
+    /// An argument that is no flag of the agent's.
+    #[error("unknown argument {arg:?}")]
+    Unknown {
+        /// The argument.
+        arg: String,
+    },
+    /// A flag the agent cannot run without is missing.
+    #[error("{flag} is required")]
+    Required {
+        /// The flag.
+        flag: &'static str,
+    },
+}
+
+fn parse(argv: impl Iterator<Item = String>) -> Result<Args, ArgsError> {
     let mut args = Args {
         command: Command::Run,
         cgroup: None,
@@ -83,15 +131,15 @@ fn parse(argv: impl Iterator<Item = String>) -> Result<Args, String> {
         argv.next();
     }
     while let Some(arg) = argv.next() {
-        let mut value = |name: &str| argv.next().ok_or(format!("{name} needs a value"));
+        let mut value = |flag: &'static str| argv.next().ok_or(ArgsError::MissingValue { flag });
         match arg.as_str() {
             "--cgroup" => args.cgroup = Some(PathBuf::from(value("--cgroup")?)),
             "--metrics-addr" => {
-                let v = value("--metrics-addr")?;
-                args.metrics_addr = Some(
-                    v.parse()
-                        .map_err(|_| format!("--metrics-addr {v:?} is not an address and port"))?,
-                );
+                let value = value("--metrics-addr")?;
+                match value.parse() {
+                    Ok(addr) => args.metrics_addr = Some(addr),
+                    Err(source) => return Err(ArgsError::InvalidMetricsAddr { value, source }),
+                }
             }
             "--pin-dir" => args.pin_dir = PathBuf::from(value("--pin-dir")?),
             "--namespace" => {
@@ -99,37 +147,38 @@ fn parse(argv: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--process-name" => args.process_name = value("--process-name")?,
             "--scan-interval" => {
-                let v = value("--scan-interval")?;
-                let secs: f64 = v
+                let value = value("--scan-interval")?;
+                let Some(secs) = value
                     .parse()
                     .ok()
                     .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 3600.0)
-                    .ok_or(format!(
-                        "--scan-interval {v:?} is not a number of seconds (0 to 3600)"
-                    ))?;
+                else {
+                    return Err(ArgsError::InvalidScanInterval { value });
+                };
                 args.scan_interval = Duration::from_secs_f64(secs);
             }
             "--allow-failed-check" => {
                 args.allow_failed.insert(value("--allow-failed-check")?);
             }
             "--max-sockets" => {
-                let v = value("--max-sockets")?;
-                args.max_sockets = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or(format!("--max-sockets {v:?} is not a positive number"))?;
+                let value = value("--max-sockets")?;
+                let Some(n) = value.parse().ok().filter(|n| *n > 0) else {
+                    return Err(ArgsError::InvalidMaxSockets { value });
+                };
+                args.max_sockets = n;
             }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+            "-h" | "--help" => return Err(ArgsError::Help),
+            _ => return Err(ArgsError::Unknown { arg }),
         }
     }
     if matches!(args.command, Command::Run) {
         if args.cgroup.is_none() {
-            return Err("--cgroup is required".to_owned());
+            return Err(ArgsError::Required { flag: "--cgroup" });
         }
         if args.metrics_addr.is_none() {
-            return Err("--metrics-addr is required".to_owned());
+            return Err(ArgsError::Required {
+                flag: "--metrics-addr",
+            });
         }
     }
     Ok(args)
@@ -149,7 +198,7 @@ fn main() -> ExitCode {
     }
     let args = match parse(argv) {
         Ok(args) => args,
-        Err(why) if why.is_empty() => {
+        Err(ArgsError::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
@@ -252,24 +301,65 @@ fn self_test(cgroup: &Path, allowed: &BTreeSet<String>) -> bool {
     passed
 }
 
-async fn run(args: Args) -> Result<(), String> {
+/// Why the agent stopped on its own.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    /// The agent was run without a cgroup or a metrics address.
+    #[error("--cgroup and --metrics-addr are required")]
+    Unconfigured,
+    /// The metrics recorder could not be installed.
+    #[error("metrics: {0}")]
+    Metrics(#[source] BuildError),
+    /// The metrics address could not be bound.
+    #[error("--metrics-addr {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The metrics listener's address could not be read.
+    #[error("{0}")]
+    LocalAddr(#[source] io::Error),
+    /// A signal's handler could not be installed.
+    #[error("{source}")]
+    Signal {
+        /// Which signal: `SIGTERM` or `SIGINT`.
+        signal: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The programs could not be loaded or attached.
+    #[error("{0}")]
+    Accel(#[from] accel::Error),
+}
+
+async fn run(args: Args) -> Result<(), RunError> {
     let (Some(cgroup), Some(metrics_addr)) = (args.cgroup.clone(), args.metrics_addr) else {
-        return Err("--cgroup and --metrics-addr are required".to_owned());
+        return Err(RunError::Unconfigured);
     };
     let handle = PrometheusBuilder::new()
         .install_recorder()
-        .map_err(|e| format!("metrics: {e}"))?;
+        .map_err(RunError::Metrics)?;
     describe();
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
-        .map_err(|e| format!("--metrics-addr {metrics_addr}: {e}"))?;
-    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|source| RunError::Bind {
+            addr: metrics_addr,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(RunError::LocalAddr)?;
     tokio::spawn(serve_metrics(listener, handle, ready.clone()));
     info!("metrics on http://{bound}/metrics");
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let signal_handler = |kind: SignalKind, signal: &'static str| {
+        tokio::signal::unix::signal(kind).map_err(|source| RunError::Signal { signal, source })
+    };
+    let mut term = signal_handler(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = signal_handler(SignalKind::interrupt(), "SIGINT")?;
 
     metrics::gauge!("qproxy_accel_attached").set(0.0);
     let cgroup_for_test = cgroup.clone();
@@ -300,9 +390,8 @@ async fn run(args: Args) -> Result<(), String> {
         return Ok(());
     }
 
-    let mut accel =
-        Accel::load(Some(&args.pin_dir), args.max_sockets).map_err(|e| e.to_string())?;
-    accel.attach(&cgroup).map_err(|e| e.to_string())?;
+    let mut accel = Accel::load(Some(&args.pin_dir), args.max_sockets)?;
+    accel.attach(&cgroup)?;
     info!(
         "attached under {} (maps pinned in {})",
         cgroup.display(),
@@ -548,5 +637,68 @@ async fn serve_metrics(
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(argv: &[&str]) -> String {
+        match parse(argv.iter().map(|a| (*a).to_owned())) {
+            Ok(_) => panic!("{argv:?} parsed"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// main prints these after `qproxy-accel: `, as it always has.
+    #[test]
+    fn refusals_read_as_they_always_have() {
+        assert_eq!(refused(&["--cgroup"]), "--cgroup needs a value");
+        assert_eq!(
+            refused(&["--metrics-addr", "nowhere"]),
+            r#"--metrics-addr "nowhere" is not an address and port"#
+        );
+        assert_eq!(
+            refused(&["--scan-interval", "0"]),
+            r#"--scan-interval "0" is not a number of seconds (0 to 3600)"#
+        );
+        assert_eq!(
+            refused(&["--max-sockets", "-1"]),
+            r#"--max-sockets "-1" is not a positive number"#
+        );
+        assert_eq!(
+            refused(&["--frobnicate"]),
+            r#"unknown argument "--frobnicate""#
+        );
+        assert_eq!(refused(&[]), "--cgroup is required");
+        assert_eq!(refused(&["--cgroup", "/c"]), "--metrics-addr is required");
+        assert!(matches!(
+            parse(["self-test", "--help"].into_iter().map(str::to_owned)),
+            Err(ArgsError::Help)
+        ));
+        assert!(parse(["detach"].into_iter().map(str::to_owned)).is_ok());
+    }
+
+    #[test]
+    fn run_errors_read_as_they_always_have() {
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let in_use = || io::Error::from(io::ErrorKind::AddrInUse);
+        assert_eq!(
+            RunError::Bind {
+                addr,
+                source: in_use()
+            }
+            .to_string(),
+            format!("--metrics-addr 127.0.0.1:9: {}", in_use())
+        );
+        assert_eq!(
+            RunError::Unconfigured.to_string(),
+            "--cgroup and --metrics-addr are required"
+        );
+        assert_eq!(
+            RunError::from(accel::Error::NoPrograms).to_string(),
+            accel::Error::NoPrograms.to_string()
+        );
     }
 }

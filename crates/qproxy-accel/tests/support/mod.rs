@@ -622,20 +622,6 @@ pub fn pattern_bytes(len: usize) -> Vec<u8> {
     (0..len as u64).map(pattern).collect()
 }
 
-/// The qproxy binary: QPROXY_BIN, or the workspace's debug build.
-pub fn qproxy_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("QPROXY_BIN") {
-        return PathBuf::from(bin);
-    }
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/qproxy");
-    assert!(
-        bin.exists(),
-        "{} is missing: build qproxy (cargo build -p qproxy) or set QPROXY_BIN",
-        bin.display()
-    );
-    bin
-}
-
 /// Knative's default environment for a queue-proxy in front of an app on
 /// 8080, with its own default ports (each pod has its own loopback).
 pub fn qproxy_env() -> Vec<(String, String)> {
@@ -675,9 +661,10 @@ fn pod_with(kernel: &Kernel, app: &Path, args: &[&str], uid: Option<u32>) -> (Po
     let mut pod = kernel.pod();
     pod.spawn(app, args, &[]);
     pod.wait_listening(8080);
-    let qproxy = qproxy_bin();
+    // QPROXY_BIN, or the qproxy cargo built beside this test.
+    let qproxy = qproxy_test_support::qproxy_bin();
     let qp = match uid {
-        None => pod.spawn(&qproxy, &[], &qproxy_env()),
+        None => pod.spawn(qproxy, &[], &qproxy_env()),
         Some(uid) => {
             let (reuid, regid) = (format!("--reuid={uid}"), format!("--regid={uid}"));
             let args = [
