@@ -63,42 +63,13 @@ use std::future::Future;
 
 pub use config::{Config, ConfigError};
 pub use observe::ExportError;
-pub use server::{Addrs, BindError, Server};
+pub use server::{Addrs, BindError, Error, Server};
 pub use tls::{CertError, TlsError};
 
 /// Sets up logging as `config` asks (Knative's zap JSON lines, at its
 /// level), and logs the warnings the configuration gave.
 pub fn init_logging(config: &Config) {
     observe::log::init(&config.logging, &config.revision, &config.warnings);
-}
-
-/// A type-erased error, as hyper takes from bodies.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Why qproxy could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The environment was rejected.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// A port could not be listened on.
-    #[error(transparent)]
-    Bind(#[from] BindError),
-    /// TLS could not be served as configured.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// An exporter could not be set up as configured.
-    #[error(transparent)]
-    Export(#[from] ExportError),
-    /// Anything else at start-up.
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: &'static str,
-        /// The failure.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Serves `config` until SIGTERM or SIGINT, then drains and returns.

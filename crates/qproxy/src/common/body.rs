@@ -14,6 +14,9 @@ use super::h1::{self, AppBody};
 use super::h2::AppStream;
 use super::keep_alive::Checkin;
 
+/// A type-erased error, as hyper takes from bodies.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A response body: streamed from the user container, or made by qproxy.
 ///
 /// Upstream bodies are passed through frame by frame (data as the app writes

@@ -12,7 +12,8 @@
 
 use serde::Deserialize;
 
-use super::{ConfigError, Vars};
+use super::error::ConfigError;
+use super::vars::Vars;
 
 /// Log severity threshold, in zap's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -220,7 +221,7 @@ impl Logging {
         if json.is_empty() {
             return Ok(out);
         }
-        let zap: ZapConfig = super::from_json_object(json).map_err(|e| e.to_string())?;
+        let zap: ZapConfig = super::json::from_json_object(json).map_err(|e| e.to_string())?;
         if let Some(level) = zap.level {
             out.level = Level::parse(&level).ok_or_else(|| format!("unknown level {level:?}"))?;
         }

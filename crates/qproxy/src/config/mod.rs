@@ -15,6 +15,8 @@
 //! `QPROXY_` and all optional, for running outside a pod (tests, the demo):
 //! see [`Ports`].
 
+mod error;
+mod json;
 mod logging;
 mod observability;
 mod otel;
@@ -26,6 +28,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use error::ConfigError;
 pub use logging::{Level, LevelStyle, LogOutput, LogSampling, Logging, TimeStyle};
 pub use observability::{
     Classic, Current, DEFAULT_REQUEST_LOG_TEMPLATE, Generation, MetricsBackend, MetricsConfig,
@@ -43,95 +46,6 @@ pub const KNATIVE_CERT_DIR: &str = "/var/lib/knative/certs";
 /// qproxy's own: another directory for the certificate and key, for
 /// running outside a pod (Knative sets none).
 const CERT_DIR: &str = "QPROXY_CERT_DIR";
-
-/// Why the environment was rejected. Each names the variable at fault.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A required variable is not set.
-    #[error("{name} is required but not set")]
-    Missing {
-        /// The variable.
-        name: &'static str,
-    },
-    /// A variable's value does not parse.
-    #[error("{name}={value:?} is invalid: {reason}")]
-    Invalid {
-        /// The variable.
-        name: &'static str,
-        /// The value, shortened if long.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-}
-
-/// Decodes a JSON object into `T`. Unlike serde's derive, which also takes
-/// an array of field values, only an object is accepted, as in Go.
-pub(crate) fn from_json_object<T: serde::de::DeserializeOwned>(
-    json: &str,
-) -> Result<T, serde_json::Error> {
-    let value: serde_json::Value = serde_json::from_str(json)?;
-    object(value)
-}
-
-fn object<T: serde::de::DeserializeOwned>(
-    value: serde_json::Value,
-) -> Result<T, serde_json::Error> {
-    if value.is_object() {
-        serde_json::from_value(value)
-    } else {
-        Err(serde::de::Error::custom(format!(
-            "expected a JSON object, found {}",
-            json_kind(&value)
-        )))
-    }
-}
-
-/// Decodes a JSON array of objects.
-pub(crate) fn from_json_objects<T: serde::de::DeserializeOwned>(
-    json: &str,
-) -> Result<Vec<T>, serde_json::Error> {
-    match serde_json::from_str(json)? {
-        serde_json::Value::Array(items) => items.into_iter().map(object).collect(),
-        other => Err(serde::de::Error::custom(format!(
-            "expected a JSON array, found {}",
-            json_kind(&other)
-        ))),
-    }
-}
-
-fn json_kind(value: &serde_json::Value) -> &'static str {
-    match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
-
-impl ConfigError {
-    pub(crate) fn invalid(name: &'static str, value: &str, reason: impl Into<String>) -> Self {
-        const MAX: usize = 200;
-        let value = match value.char_indices().nth(MAX) {
-            Some((cut, _)) => format!("{}…", &value[..cut]),
-            None => value.to_owned(),
-        };
-        ConfigError::Invalid {
-            name,
-            value,
-            reason: reason.into(),
-        }
-    }
-
-    /// The variable at fault.
-    pub fn variable(&self) -> &'static str {
-        match self {
-            ConfigError::Missing { name } | ConfigError::Invalid { name, .. } => name,
-        }
-    }
-}
 
 /// Who this queue-proxy serves: the revision and pod it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]

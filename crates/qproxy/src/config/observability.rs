@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::error::ConfigError;
 use super::otel::OtelEnv;
-use super::{ConfigError, Vars};
+use super::vars::Vars;
 
 /// Which Knative generation started us, as shown by the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,7 +356,8 @@ const OBSERVABILITY_CONFIG: &str = "OBSERVABILITY_CONFIG";
 impl Current {
     pub(crate) fn from_json(json: &str) -> Result<Self, ConfigError> {
         let invalid = |reason: String| ConfigError::invalid(OBSERVABILITY_CONFIG, json, reason);
-        let raw: RawCurrent = super::from_json_object(json).map_err(|e| invalid(e.to_string()))?;
+        let raw: RawCurrent =
+            super::json::from_json_object(json).map_err(|e| invalid(e.to_string()))?;
 
         let tracing = TracingConfig {
             protocol: match raw.tracing.protocol.as_deref().unwrap_or("none") {

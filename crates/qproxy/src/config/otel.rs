@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::{ConfigError, Vars};
+use super::error::ConfigError;
+use super::vars::Vars;
 
 /// The OpenTelemetry environment variables current Knative's setup honours.
 ///

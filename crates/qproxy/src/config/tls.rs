@@ -12,7 +12,9 @@
 //! Classic Knative has none of these: its queue-proxy serves TLS 1.3 only,
 //! with Go's default suites and curves, whatever the environment says.
 
-use super::{ConfigError, Generation, Vars};
+use super::error::ConfigError;
+use super::observability::Generation;
+use super::vars::Vars;
 
 /// A TLS protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// A snapshot of the environment variables qproxy reads.
 #[derive(Debug, Clone, Default)]

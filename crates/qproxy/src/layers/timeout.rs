@@ -44,7 +44,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-use crate::common::body::Body;
+use crate::common::body::{Body, BoxError};
 use crate::common::go::go_duration;
 use crate::common::reply::text;
 use crate::common::tunnel_registry::TunnelDeadline;
@@ -372,7 +372,7 @@ impl<B> TimeoutBody<B> {
 
 impl<B> TimeoutBodyProj<'_, B> {
     /// Ends the body: logs the timeout and fails every later poll.
-    fn fire<T>(&mut self, fired: Fired) -> Poll<Option<Result<T, crate::BoxError>>> {
+    fn fire<T>(&mut self, fired: Fired) -> Poll<Option<Result<T, BoxError>>> {
         if let Some(running) = self.running {
             running.deadlines.log(fired);
         }
@@ -394,15 +394,15 @@ where
 impl<B> http_body::Body for TimeoutBody<B>
 where
     B: http_body::Body<Data = Bytes>,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = crate::BoxError;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, crate::BoxError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         if *this.timed_out {
             return Poll::Ready(Some(Err(TimedOut.into())));

@@ -8,6 +8,7 @@
 //! and [`Observers::flush`] sends what the exporters still hold at exit.
 
 pub(crate) mod autoscaler_view;
+pub(crate) mod export;
 pub(crate) mod log;
 pub(crate) mod opencensus_metrics;
 pub(crate) mod otel_metrics;
@@ -31,45 +32,11 @@ use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
 use autoscaler_view::AutoscalerView;
+pub use export::ExportError;
 use opencensus_metrics::OpenCensusMetrics;
 use otel_metrics::OtelMetrics;
 use request_log::{RequestLog, SharedRequestLog};
 use traces::Traces;
-
-/// An exporter the configuration asks for could not be set up.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot export {signal} to {endpoint:?}: {reason}")]
-pub struct ExportError {
-    signal: Signal,
-    endpoint: String,
-    reason: String,
-}
-
-impl ExportError {
-    fn new(signal: Signal, endpoint: &str, reason: &dyn std::fmt::Display) -> Self {
-        Self {
-            signal,
-            endpoint: endpoint.to_owned(),
-            reason: reason.to_string(),
-        }
-    }
-}
-
-/// What an exporter sends.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Signal {
-    Traces,
-    Metrics,
-}
-
-impl std::fmt::Display for Signal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Signal::Traces => "traces",
-            Signal::Metrics => "request metrics",
-        })
-    }
-}
 
 /// The request metrics served on the user metrics port (9091), of
 /// whichever generation started qproxy; cheap to clone.

@@ -47,12 +47,13 @@ use opentelemetry_sdk::runtime::Tokio;
 
 use crate::common::headers::is_probe;
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
+use crate::observe::export::{ExportError, Signal};
 use crate::observe::opencensus_metrics::{read, write};
 use crate::observe::otlp::{Target, Transport};
 use crate::observe::prom_text::label;
+use crate::observe::semconv;
 use crate::observe::semconv::RouteTag;
 use crate::observe::traces::current_resource;
-use crate::observe::{ExportError, Signal, semconv};
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 

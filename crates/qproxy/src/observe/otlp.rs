@@ -33,7 +33,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::{OtelEnv, TlsFiles};
-use crate::observe::{ExportError, Signal};
+use crate::observe::export::{ExportError, Signal};
 
 /// How an exporter speaks to its collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

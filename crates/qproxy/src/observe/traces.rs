@@ -47,10 +47,11 @@ use crate::common::headers::X_FORWARDED_FOR;
 use crate::config::{
     Generation, Observability, OtelEnv, Revision, TracingBackend, TracingProtocol,
 };
+use crate::observe::export::{ExportError, Signal};
 use crate::observe::otlp::{Target, Transport};
+use crate::observe::semconv;
 use crate::observe::semconv::RouteTag;
 use crate::observe::zipkin::ZipkinExporter;
-use crate::observe::{ExportError, Signal, semconv};
 
 /// A span qproxy keeps until the request is done with.
 pub(crate) type Span = opentelemetry_sdk::trace::Span;

@@ -11,34 +11,9 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::{PROBE_USER_AGENT, ProbeError};
+use super::attempt::PROBE_USER_AGENT;
+use super::error::{GrpcProbeError, ProbeError};
 use crate::config::GrpcAction;
-
-/// Why a gRPC probe failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum GrpcProbeError {
-    /// The port is not one.
-    #[error("invalid gRPC probe port {0}")]
-    Port(i32),
-    /// No connection could be made.
-    #[error("failed to connect service at {addr:?}: {source}")]
-    Connect {
-        /// Where.
-        addr: String,
-        /// Why.
-        #[source]
-        source: tonic::transport::Error,
-    },
-    /// The app does not implement the health service.
-    #[error("this server does not implement the grpc health protocol (grpc.health.v1.Health): {0}")]
-    Unimplemented(tonic::Status),
-    /// The health call failed.
-    #[error("health rpc probe failed: {0}")]
-    Rpc(tonic::Status),
-    /// The app answered, not `SERVING`.
-    #[error("service unhealthy (responded with {0:?})")]
-    Unhealthy(&'static str),
-}
 
 /// Runs one try of `grpc`, each step bounded by `timeout`.
 pub(super) async fn probe(grpc: &GrpcAction, timeout: Duration) -> Result<(), ProbeError> {

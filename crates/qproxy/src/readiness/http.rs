@@ -31,49 +31,9 @@ use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use url::Url;
 
-use super::{HttpOptions, PROBE_USER_AGENT, ProbeError, host_or_loopback};
+use super::attempt::{HttpOptions, PROBE_USER_AGENT, host_or_loopback};
+use super::error::{HttpProbeError, MAX_REDIRECTS, ProbeError};
 use crate::config::{Generation, HttpGetAction};
-
-/// Go's client gives up after this many redirects.
-const MAX_REDIRECTS: usize = 10;
-
-/// Why an HTTP probe failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum HttpProbeError {
-    /// The app answered, but not ready.
-    #[error("HTTP probe did not respond Ready, got status code: {0}")]
-    NotReady(u16),
-    /// The probe's URL does not parse.
-    #[error("error constructing probe url: {0}")]
-    Url(#[from] url::ParseError),
-    /// A scheme other than `http`.
-    #[error("unsupported probe scheme {0:?}")]
-    Scheme(String),
-    /// A custom header that cannot be sent.
-    #[error("invalid probe header {0:?}")]
-    Header(String),
-    /// A redirect's `Location` does not parse.
-    #[error("failed to parse Location header {location:?}: {source}")]
-    Location {
-        /// The header.
-        location: String,
-        /// Why.
-        #[source]
-        source: url::ParseError,
-    },
-    /// Too many redirects.
-    #[error("stopped after {MAX_REDIRECTS} redirects")]
-    Redirects,
-    /// The HTTP exchange failed.
-    #[error(transparent)]
-    Hyper(#[from] hyper::Error),
-    /// HTTP/2 detection failed (classic's wording).
-    #[error("failed to run HTTP2 upgrade probe with error: {0}")]
-    Upgrade(Box<ProbeError>),
-    /// Protocol detection failed (current's wording).
-    #[error("failed to run HTTP protocol probe with error: {0}")]
-    Detection(Box<ProbeError>),
-}
 
 /// Which protocol a request goes over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

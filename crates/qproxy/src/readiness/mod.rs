@@ -16,6 +16,8 @@
 //! The kinds are in [`http`] (`httpGet`), [`grpc`] (`grpc`) and here
 //! (`tcpSocket`).
 
+pub(crate) mod attempt;
+pub(crate) mod error;
 pub(crate) mod grpc;
 pub(crate) mod http;
 
@@ -26,7 +28,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::{Generation, Probe};
+use crate::config::Probe;
+
+pub(crate) use attempt::HttpOptions;
+use attempt::host_or_loopback;
+use error::ProbeError;
 
 /// Interval between the tries of an aggressive probe.
 pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(50);
@@ -36,48 +42,6 @@ pub(crate) const AGGRESSIVE_TRY_TIMEOUT: Duration = Duration::from_millis(100);
 pub(crate) const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on a try when `timeoutSeconds` is 0, Kubernetes' default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The `User-Agent` of every probe request: Knative's kubelet prefix,
-/// followed by an empty Kubernetes version, exactly as the Go queue-proxy
-/// sends it.
-pub(crate) const PROBE_USER_AGENT: &str = "kube-probe//";
-
-/// Why one try of a probe failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ProbeError {
-    /// The try did not finish in time.
-    #[error("probe timed out after {0:?}")]
-    Timeout(Duration),
-    /// A connection could not be made.
-    #[error("dial {addr}: {source}")]
-    Connect {
-        /// Where.
-        addr: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The HTTP exchange failed.
-    #[error(transparent)]
-    Http(#[from] http::HttpProbeError),
-    /// The gRPC health check failed.
-    #[error(transparent)]
-    Grpc(#[from] grpc::GrpcProbeError),
-    /// An aggressive probe never reached its success threshold.
-    #[error("aggressive probe error (failed {failures} times): {last}")]
-    Aggressive {
-        /// Failed tries.
-        failures: u32,
-        /// The last failure.
-        last: Box<ProbeError>,
-    },
-    /// An aggressive probe timed out between tries that passed.
-    #[error("timed out waiting for the condition")]
-    NotEnoughPasses,
-    /// The probe has no kind qproxy can run.
-    #[error("{0}")]
-    Unsupported(&'static str),
-}
 
 /// Runs the readiness probes; cheap to clone.
 #[derive(Debug, Clone)]
@@ -90,15 +54,6 @@ struct Prober {
     checks: Vec<Arc<Check>>,
     /// The run under way, whose result every caller shares.
     flight: Mutex<Option<watch::Receiver<Option<bool>>>>,
-}
-
-/// How the HTTP probes speak to the app.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct HttpOptions {
-    /// `ENABLE_HTTP2_AUTO_DETECTION`: find out whether the app speaks h2c.
-    pub(crate) auto_detect_http2: bool,
-    /// Which Knative's way of finding that out.
-    pub(crate) generation: Generation,
 }
 
 #[derive(Debug)]
@@ -278,11 +233,6 @@ impl Check {
             .await
             .unwrap_or(Err(ProbeError::Timeout(timeout)))
     }
-}
-
-/// The host of a probe, loopback when left empty.
-fn host_or_loopback(host: &str) -> &str {
-    if host.is_empty() { "127.0.0.1" } else { host }
 }
 
 /// A TCP probe: the app accepts a connection.

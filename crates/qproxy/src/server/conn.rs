@@ -37,7 +37,7 @@ use super::head::{
     H2_PREFACE, HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head,
 };
 use super::rewind::Rewind;
-use crate::common::body::RequestBody;
+use crate::common::body::{BoxError, RequestBody};
 use crate::common::{Accepted, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
 
@@ -162,7 +162,7 @@ pub(crate) async fn serve<M, S, B>(
         + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
 {
     tracing::info!(
         server = listener.name,
@@ -309,7 +309,7 @@ pub(super) async fn connection<IO, S, B>(
         + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
 {
     let serve = async {
         let Ok(mut ahead) = read_first_head(&mut io).await else {

@@ -18,6 +18,8 @@ use hyper::service::HttpService;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
+use crate::common::body::BoxError;
+
 /// Tells the connections it watches to finish, and waits until they have.
 #[derive(Debug)]
 pub(crate) struct GracefulShutdown {
@@ -138,10 +140,10 @@ pub(crate) trait Graceful: Future {
 impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
 where
     S: HttpService<Incoming, ResBody = B>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<BoxError>,
     I: Read + Write + Unpin + Send + 'static,
     B: http_body::Body + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
 {
     fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
         http1::UpgradeableConnection::graceful_shutdown(self);
@@ -151,10 +153,10 @@ where
 impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
 where
     S: HttpService<Incoming, ResBody = B>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<BoxError>,
     I: Read + Write + Unpin + 'static,
     B: http_body::Body + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
     E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
 {
     fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {

@@ -9,6 +9,7 @@
 //! (`RunningServers::shut_down`).
 
 mod conn;
+mod error;
 mod graceful;
 mod h1;
 mod head;
@@ -24,6 +25,7 @@ use graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use error::Error;
 use head::CURRENT_METRICS_HEAD_TIMEOUT;
 pub use listener::BindError;
 pub(crate) use listener::Listener;
@@ -77,7 +79,7 @@ impl Server {
     /// Binds every port the configuration asks for, and loads the TLS
     /// certificate when it is mounted. Must be called within a Tokio
     /// runtime.
-    pub fn bind(config: Config) -> Result<Self, crate::Error> {
+    pub fn bind(config: Config) -> Result<Self, Error> {
         crate::common::crypto::install_default_provider();
         let open_files = listener::raise_open_files_limit();
         tracing::debug!(?open_files, "open files limit");
