@@ -15,7 +15,7 @@ use http::{Request, Response};
 use tokio::sync::watch;
 
 use crate::common::Endpoint;
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::reply::not_found;
 use crate::drain::Drainer;
 
@@ -44,7 +44,7 @@ pub(crate) struct Admin {
 
 impl Admin {
     /// Answers `req`.
-    pub(crate) async fn answer<B>(self, req: Request<B>) -> Response<Body> {
+    pub(crate) async fn answer<B>(self, req: Request<B>) -> Response<ReplyBody> {
         if req.uri().path() != WAIT_FOR_DRAIN {
             return not_found();
         }
@@ -64,12 +64,15 @@ impl Admin {
             }
         });
         drainer.drain().await;
-        Response::new(Body::empty())
+        Response::new(ReplyBody::empty())
     }
 }
 
 impl Endpoint for Admin {
-    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(
+        self,
+        req: Request<RequestBody>,
+    ) -> impl Future<Output = Response<ReplyBody>> + Send {
         self.answer(req)
     }
 }

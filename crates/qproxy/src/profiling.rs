@@ -30,7 +30,7 @@ use http::{Request, Response, StatusCode};
 use pprof::protos::Message;
 
 use crate::common::Endpoint;
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::reply::{http_error, not_found};
 
 /// Path of the CPU profile.
@@ -62,7 +62,7 @@ pub(crate) struct Profiling {
 
 impl Profiling {
     /// Answers `req`.
-    pub(crate) async fn answer<B>(self, req: Request<B>) -> Response<Body> {
+    pub(crate) async fn answer<B>(self, req: Request<B>) -> Response<ReplyBody> {
         if req.uri().path() != PROFILE {
             return not_found();
         }
@@ -74,7 +74,7 @@ impl Profiling {
         let _busy = Busy(self.busy.clone());
         match profile(Duration::from_secs(seconds)).await {
             Ok(gzipped) => {
-                let mut res = Response::new(Body::full(gzipped));
+                let mut res = Response::new(ReplyBody::full(gzipped));
                 let headers = res.headers_mut();
                 headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
                 headers.insert(
@@ -105,7 +105,7 @@ impl Drop for Busy {
 }
 
 /// Go's `serveError` for a profile that could not start.
-fn profile_error(why: &str) -> Response<Body> {
+fn profile_error(why: &str) -> Response<ReplyBody> {
     let mut res = http_error(
         StatusCode::INTERNAL_SERVER_ERROR,
         format!("Could not enable CPU profiling: {why}\n"),
@@ -172,7 +172,10 @@ async fn profile(length: Duration) -> Result<Vec<u8>, ProfileError> {
 }
 
 impl Endpoint for Profiling {
-    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(
+        self,
+        req: Request<RequestBody>,
+    ) -> impl Future<Output = Response<ReplyBody>> + Send {
         self.answer(req)
     }
 }

@@ -48,7 +48,6 @@ use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
 use crate::common::Accepted;
-use crate::common::body::Body;
 use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Generation, Timeouts};
 use crate::drain::Drainer;
@@ -65,13 +64,16 @@ use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::trace::{TraceLayer, TracedBody};
 use crate::layers::upgrade::UpgradeHoldLayer;
 use crate::observe::Observers;
+use crate::proxy::body::ProxyBody;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
 
 /// The response body of the main port.
 pub(crate) type MainBody = LoggedBody<
     TracedBody<
-        MetricsBody<TimeoutBody<TracedBody<StatsBody<PermitBody<TracedBody<MetricsBody<Body>>>>>>>,
+        MetricsBody<
+            TimeoutBody<TracedBody<StatsBody<PermitBody<TracedBody<MetricsBody<ProxyBody>>>>>>,
+        >,
     >,
 >;
 

@@ -14,7 +14,7 @@ use crate::common::body::RequestBody;
 use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use http::{Request, Response};
 
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::{Endpoint, metrics_route};
 
 /// How often the autoscaler's `Stat` is renewed, as in Knative.
@@ -56,13 +56,16 @@ impl StatsEndpoint {
     /// accepts, as Knative's queue-proxy answers (its handler still reads
     /// "protobuf or prometheus, depending on the Accept header", but has
     /// served protobuf alone since the Prometheus reporter was removed).
-    fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
+    fn answer<B>(&self, req: &Request<B>) -> Response<ReplyBody> {
         metrics_route(req, PROTOBUF, || self.reporter.latest().protobuf.clone())
     }
 }
 
 impl Endpoint for StatsEndpoint {
-    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(
+        self,
+        req: Request<RequestBody>,
+    ) -> impl Future<Output = Response<ReplyBody>> + Send {
         std::future::ready(self.answer(&req))
     }
 }

@@ -1,5 +1,8 @@
-//! The bodies qproxy hands to hyper: toward the client and toward the app.
+//! The bodies every layer shares: the ones qproxy makes itself, the
+//! request's on its way to the app, and the guard that keeps a request's
+//! accounting alive until its response body ends.
 
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,123 +13,44 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
 
-use super::h1::{self, AppBody};
-use super::h2::AppStream;
-use super::keep_alive::Checkin;
-
 /// A type-erased error, as hyper takes from bodies.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A response body: streamed from the user container, or made by qproxy.
-///
-/// Upstream bodies are passed through frame by frame (data as the app writes
-/// it, then trailers), never collected.
-#[derive(Debug)]
-pub(crate) enum Body {
-    /// Streamed from the user container by hyper's HTTP/1.1 client; the
-    /// connection it came on, if it may be reused, is handed back once the
-    /// body has been read to its end (closed if the body is dropped
-    /// before).
-    Upstream(Incoming, Option<Checkin>),
-    /// Streamed from the user container over a connection qproxy speaks
-    /// HTTP/1.1 on itself, which the body hands back at its end.
-    App(AppBody),
-    /// Streamed from the user container over h2c, by qproxy's own client.
-    H2(AppStream),
-    /// A complete body qproxy produced (error texts, probe answers).
-    Full(Option<Bytes>),
-}
+/// A body qproxy makes itself (error texts, probe answers, its own
+/// ports' pages): whole, and sent in one frame.
+#[derive(Debug, Default)]
+pub(crate) struct ReplyBody(Option<Bytes>);
 
-impl Body {
-    /// This body, its app connection handed back at once if the body is
-    /// empty from the start: hyper never polls a body that has ended.
-    pub(crate) fn released_if_ended(mut self) -> Self {
-        if let Body::Upstream(body, checkin) = &mut self
-            && http_body::Body::is_end_stream(body)
-        {
-            release(checkin);
-        }
-        self
-    }
-
+impl ReplyBody {
     /// An empty body.
     pub(crate) fn empty() -> Self {
-        Body::Full(None)
+        ReplyBody(None)
     }
 
     /// A body holding `data`.
     pub(crate) fn full(data: impl Into<Bytes>) -> Self {
         let data = data.into();
-        Body::Full((!data.is_empty()).then_some(data))
+        ReplyBody((!data.is_empty()).then_some(data))
     }
 }
 
-/// Why a response body from the user container failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum BodyError {
-    /// Read by hyper.
-    #[error(transparent)]
-    Hyper(#[from] hyper::Error),
-    /// Read by qproxy's own HTTP/1.1 client.
-    #[error(transparent)]
-    App(#[from] h1::BodyError),
-    /// Read from an h2c stream of qproxy's own client.
-    #[error("error reading a body from connection")]
-    H2(#[from] h2::Error),
-}
-
-impl http_body::Body for Body {
+impl http_body::Body for ReplyBody {
     type Data = Bytes;
-    type Error = BodyError;
+    type Error = Infallible;
 
     fn poll_frame(
         self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let polled = match self.get_mut() {
-            Body::Upstream(b, checkin) => {
-                let polled = Pin::new(&mut *b).poll_frame(cx);
-                match &polled {
-                    // The end, whether the last frame said so or not.
-                    Poll::Ready(None) => release(checkin),
-                    Poll::Ready(Some(Ok(_))) if b.is_end_stream() => release(checkin),
-                    Poll::Ready(Some(_)) | Poll::Pending => {}
-                }
-                polled.map_err(BodyError::from)
-            }
-            Body::App(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::from),
-            Body::H2(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::from),
-            Body::Full(data) => return Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-        };
-        if let Poll::Ready(Some(Err(e))) = &polled {
-            tracing::debug!(error = %e, "response body from the user container failed");
-        }
-        polled
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.get_mut().0.take().map(|d| Ok(Frame::data(d))))
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            Body::Upstream(b, _) => b.is_end_stream(),
-            Body::App(b) => b.is_end_stream(),
-            Body::H2(b) => b.is_end_stream(),
-            Body::Full(data) => data.is_none(),
-        }
+        self.0.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            Body::Upstream(b, _) => b.size_hint(),
-            Body::App(b) => b.size_hint(),
-            Body::H2(b) => b.size_hint(),
-            Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
-        }
-    }
-}
-
-/// Hands an app connection back for reuse, once.
-fn release(checkin: &mut Option<Checkin>) {
-    if let Some(checkin) = checkin.take() {
-        checkin.release();
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
 
@@ -318,8 +242,8 @@ impl<B: http_body::Body, G: Settle> Guarded<B, G> {
     }
 }
 
-impl<B: http_body::Body + From<Body>, G: Settle> From<Body> for Guarded<B, G> {
-    fn from(body: Body) -> Self {
+impl<B: http_body::Body + From<ReplyBody>, G: Settle> From<ReplyBody> for Guarded<B, G> {
+    fn from(body: ReplyBody) -> Self {
         Self::new(B::from(body), None)
     }
 }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response};
 
-use body::Body;
+use body::ReplyBody;
 
 /// Largest request head accepted on HTTP/1: Go's `DefaultMaxHeaderBytes`
 /// plus the slack Go's server allows. The servers size their buffers by
@@ -53,7 +53,8 @@ pub(crate) const MAX_RESPONSE_HEADER_BYTES: usize = 2 << 20;
 /// with each request.
 pub(crate) trait Endpoint: Clone + Send + Sync + 'static {
     /// Answers `req`.
-    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send;
+    fn respond(self, req: Request<RequestBody>)
+    -> impl Future<Output = Response<ReplyBody>> + Send;
 }
 
 /// The path of the stats and the metrics endpoints.
@@ -66,11 +67,11 @@ pub(crate) fn metrics_route<B>(
     req: &Request<B>,
     content_type: &'static str,
     body: impl FnOnce() -> Bytes,
-) -> Response<Body> {
+) -> Response<ReplyBody> {
     if req.uri().path() != METRICS_PATH {
         return reply::not_found();
     }
-    let mut res = Response::new(Body::full(body()));
+    let mut res = Response::new(ReplyBody::full(body()));
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     res

@@ -24,22 +24,22 @@ use http::{Response, StatusCode};
 use hyper::ext::ReasonPhrase;
 use pin_project_lite::pin_project;
 
-use super::body::Body;
+use super::body::ReplyBody;
 
 /// The content type Go sniffs from text, and `http.Error` sets.
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 /// `text` as a handler writes it without a content type: Go sniffs
 /// `text/plain; charset=utf-8` from it.
-pub(crate) fn text(status: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
-    let mut res = Response::new(Body::full(text));
+pub(crate) fn text(status: StatusCode, text: impl Into<Bytes>) -> Response<ReplyBody> {
+    let mut res = Response::new(ReplyBody::full(text));
     *res.status_mut() = status;
     res.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
     res
 }
 
 /// Go's `http.Error(w, text, status)`.
-pub(crate) fn http_error(status: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
+pub(crate) fn http_error(status: StatusCode, text: impl Into<Bytes>) -> Response<ReplyBody> {
     let mut res = self::text(status, text);
     res.headers_mut()
         .insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
@@ -47,13 +47,13 @@ pub(crate) fn http_error(status: StatusCode, text: impl Into<Bytes>) -> Response
 }
 
 /// Go's `http.NotFound`.
-pub(crate) fn not_found() -> Response<Body> {
+pub(crate) fn not_found() -> Response<ReplyBody> {
     http_error(StatusCode::NOT_FOUND, "404 page not found\n")
 }
 
 /// Go's server's own reply to a request it cannot serve: `<code> <reason>`
 /// as the status line's reason and as the body, and the connection closed.
-pub(crate) fn server_error(status: StatusCode, reason: &str) -> Response<Body> {
+pub(crate) fn server_error(status: StatusCode, reason: &str) -> Response<ReplyBody> {
     let mut res = text(status, format!("{} {reason}", status.as_u16()));
     res.headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -64,7 +64,7 @@ pub(crate) fn server_error(status: StatusCode, reason: &str) -> Response<Body> {
 }
 
 /// An answer that takes a while to make (a readiness check, say).
-pub(crate) type Later = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+pub(crate) type Later = Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send>>;
 
 pin_project! {
     /// The response future of a layer that answers some requests itself
@@ -75,7 +75,7 @@ pin_project! {
         /// Passed on to the inner service.
         Inner { #[pin] inner: F },
         /// Answered here; taken once polled.
-        Now { res: Option<Response<Body>> },
+        Now { res: Option<Response<ReplyBody>> },
         /// Answered here, once the answer is made.
         Later { answer: Later },
     }
@@ -88,12 +88,14 @@ impl<F> Answering<F> {
     }
 
     /// `res`, at once.
-    pub(crate) fn now(res: Response<Body>) -> Self {
+    pub(crate) fn now(res: Response<ReplyBody>) -> Self {
         Answering::Now { res: Some(res) }
     }
 
     /// The response `answer` makes.
-    pub(crate) fn later(answer: impl Future<Output = Response<Body>> + Send + 'static) -> Self {
+    pub(crate) fn later(
+        answer: impl Future<Output = Response<ReplyBody>> + Send + 'static,
+    ) -> Self {
         Answering::Later {
             answer: Box::pin(answer),
         }
@@ -103,7 +105,7 @@ impl<F> Answering<F> {
 impl<F, B, E> Future for Answering<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: From<Body>,
+    B: From<ReplyBody>,
 {
     type Output = Result<Response<B>, E>;
 

@@ -8,7 +8,7 @@
 use breaker::{Breaker, BreakerLayer, PermitBody, QueueFull};
 use http::{Response, StatusCode};
 
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::headers::is_kubelet_probe;
 use crate::common::reply::http_error;
 
@@ -32,18 +32,18 @@ pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
 }
 
 /// Limits the requests reaching the app with `breaker`.
-pub(crate) fn layer<B: From<Body>>(breaker: Option<Breaker>) -> ConcurrencyLayer<B> {
+pub(crate) fn layer<B: From<ReplyBody>>(breaker: Option<Breaker>) -> ConcurrencyLayer<B> {
     BreakerLayer::new(breaker, queue_full::<B> as fn(QueueFull) -> Response<B>)
         .exempt(is_kubelet_probe)
 }
 
 /// Go's `http.Error(w, err.Error(), 503)`.
-fn queue_full<B: From<Body>>(err: QueueFull) -> Response<B> {
+fn queue_full<B: From<ReplyBody>>(err: QueueFull) -> Response<B> {
     http_error(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).map(B::from)
 }
 
-impl<B: From<Body>> From<Body> for PermitBody<B> {
-    fn from(body: Body) -> Self {
+impl<B: From<ReplyBody>> From<ReplyBody> for PermitBody<B> {
+    fn from(body: ReplyBody) -> Self {
         PermitBody::new(B::from(body))
     }
 }

@@ -25,7 +25,7 @@ use http::header::USER_AGENT;
 use http::{HeaderMap, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE, KUBE_PROBE_UA_PREFIX, first_values};
 use crate::common::reply::{Answering, http_error, text};
 use crate::drain::Drainer;
@@ -98,7 +98,7 @@ fn kind(headers: &HeaderMap) -> RequestKind {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Health<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: From<Body>,
+    ResBody: From<ReplyBody>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -125,10 +125,10 @@ where
 }
 
 /// `200` echoing `K-Network-Hash`, or `400` without one.
-fn network_probe(headers: &HeaderMap) -> Response<Body> {
+fn network_probe(headers: &HeaderMap) -> Response<ReplyBody> {
     match headers.get(K_NETWORK_HASH).filter(|h| !h.is_empty()) {
         Some(hash) => {
-            let mut res = Response::new(Body::empty());
+            let mut res = Response::new(ReplyBody::empty());
             res.headers_mut().insert(K_NETWORK_HASH, hash.clone());
             res
         }
@@ -164,13 +164,13 @@ fn health_check<F>(headers: &HeaderMap, readiness: &Readiness) -> Answering<F> {
 }
 
 /// `200 queue`, as Go writes it (sniffed content type, no `nosniff`).
-fn ready() -> Response<Body> {
+fn ready() -> Response<ReplyBody> {
     text(StatusCode::OK, Bytes::from_static(QUEUE))
 }
 
 /// An empty `503`: the user container is not ready.
-fn not_ready() -> Response<Body> {
-    let mut res = Response::new(Body::empty());
+fn not_ready() -> Response<ReplyBody> {
+    let mut res = Response::new(ReplyBody::empty());
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     res
 }

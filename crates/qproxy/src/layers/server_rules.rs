@@ -30,7 +30,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::common::MAX_HEADER_BYTES;
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::reply::{Answering, server_error};
 
 /// Adds [`ServerRules`] to a stack.
@@ -54,7 +54,7 @@ pub(crate) struct ServerRules<S> {
 impl<S, B, ResBody> Service<Request<B>> for ServerRules<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>, Error = Infallible>,
-    ResBody: From<Body>,
+    ResBody: From<ReplyBody>,
 {
     type Response = Response<ResBody>;
     type Error = Infallible;
@@ -74,12 +74,12 @@ where
 
 /// The answer Go's server gives `req` by itself once it has read it
 /// whole, if any.
-pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<Body>> {
+pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<ReplyBody>> {
     if req.version() >= Version::HTTP_2 {
         return None;
     }
     if req.method() == Method::OPTIONS && req.uri() == "*" {
-        return Some(Response::new(Body::empty()));
+        return Some(Response::new(ReplyBody::empty()));
     }
     let mut hosts = req.headers().get_all(HOST).iter();
     match (hosts.next(), hosts.next()) {
@@ -112,7 +112,7 @@ impl<S, B, ResBody> Service<Request<B>> for HeadLimit<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>, Error = Infallible>,
 {
-    type Response = Response<Either<ResBody, Body>>;
+    type Response = Response<Either<ResBody, ReplyBody>>;
     type Error = Infallible;
     type Future = Limited<S::Future>;
 
@@ -137,7 +137,7 @@ pin_project! {
         /// Passed on.
         Inner { #[pin] inner: F },
         /// Refused; taken once polled.
-        Refused { res: Option<Response<Body>> },
+        Refused { res: Option<Response<ReplyBody>> },
     }
 }
 
@@ -145,7 +145,7 @@ impl<F, B> Future for Limited<F>
 where
     F: Future<Output = Result<Response<B>, Infallible>>,
 {
-    type Output = Result<Response<Either<B, Body>>, Infallible>;
+    type Output = Result<Response<Either<B, ReplyBody>>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
@@ -160,7 +160,7 @@ where
 }
 
 /// Go's answer to an HTTP/1 request whose head is longer than it reads.
-fn too_long<B>(req: &Request<B>) -> Option<Response<Body>> {
+fn too_long<B>(req: &Request<B>) -> Option<Response<ReplyBody>> {
     (req.version() < Version::HTTP_2 && head_len(req) > MAX_HEADER_BYTES).then(|| {
         server_error(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -210,7 +210,7 @@ fn head_len<B>(req: &Request<B>) -> usize {
 }
 
 /// Go's reply to a request without a usable host.
-fn bad_request(reason: &'static str) -> Response<Body> {
+fn bad_request(reason: &'static str) -> Response<ReplyBody> {
     server_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {reason}"))
 }
 
@@ -302,7 +302,7 @@ mod tests {
     #[tokio::test]
     async fn a_head_too_long_is_refused_before_go_s_other_rules() {
         let mut port = HeadLimit::new(ServerRulesLayer.layer(tower::service_fn(
-            |_: Request<()>| async { Ok::<_, Infallible>(Response::new(Body::empty())) },
+            |_: Request<()>| async { Ok::<_, Infallible>(Response::new(ReplyBody::empty())) },
         )));
         let options = |value: &str| {
             Request::builder()

@@ -44,7 +44,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-use crate::common::body::{Body, BoxError};
+use crate::common::body::{BoxError, ReplyBody};
 use crate::common::go::go_duration;
 use crate::common::reply::text;
 use crate::common::tunnel_registry::TunnelDeadline;
@@ -98,7 +98,7 @@ pub(crate) struct Timeout<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Timeout<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible>,
-    ResBody: http_body::Body + From<Body>,
+    ResBody: http_body::Body + From<ReplyBody>,
 {
     type Response = Response<TimeoutBody<ResBody>>;
     type Error = Infallible;
@@ -267,7 +267,7 @@ pin_project! {
 impl<F, B> Future for TimeoutFuture<F>
 where
     F: Future<Output = Result<Response<B>, Infallible>>,
-    B: http_body::Body + From<Body>,
+    B: http_body::Body + From<ReplyBody>,
 {
     type Output = Result<Response<TimeoutBody<B>>, Infallible>;
 
@@ -382,11 +382,11 @@ impl<B> TimeoutBodyProj<'_, B> {
     }
 }
 
-impl<B> From<Body> for TimeoutBody<B>
+impl<B> From<ReplyBody> for TimeoutBody<B>
 where
-    B: From<Body>,
+    B: From<ReplyBody>,
 {
-    fn from(body: Body) -> Self {
+    fn from(body: ReplyBody) -> Self {
         TimeoutBody::plain(B::from(body))
     }
 }
@@ -521,7 +521,8 @@ mod tests {
             Some(current.started + Duration::from_secs(300))
         );
         // Classic with no idle timeout: nothing left to time.
-        let body = TimeoutBody::started(Body::empty(), Deadlines::start(t, Generation::Classic));
+        let body =
+            TimeoutBody::started(ReplyBody::empty(), Deadlines::start(t, Generation::Classic));
         assert!(body.sleep.is_none() && body.running.is_none());
     }
 
@@ -544,13 +545,14 @@ mod tests {
     fn timed(
         t: Timeouts,
     ) -> Timeout<
-        impl Service<Request<()>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone,
+        impl Service<Request<()>, Response = Response<ReplyBody>, Error = Infallible, Future: Send>
+        + Clone,
     > {
         let app = tower::service_fn(|req: Request<()>| async move {
             if req.uri() == "/never" {
                 std::future::pending::<()>().await;
             }
-            Ok::<_, Infallible>(Response::new(Body::empty()))
+            Ok::<_, Infallible>(Response::new(ReplyBody::empty()))
         });
         TimeoutLayer::new(t, Generation::Classic).layer(app)
     }

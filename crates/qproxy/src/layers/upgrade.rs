@@ -20,7 +20,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::tunnel_registry::{Tunnel, Tunnels};
 
 /// Adds [`UpgradeHold`] to a stack.
@@ -57,7 +57,7 @@ pub(crate) struct UpgradeHold<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for UpgradeHold<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: From<Body> + Send + 'static,
+    ResBody: From<ReplyBody> + Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -87,7 +87,7 @@ pin_project! {
 impl<F, B, E> Future for HoldFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: From<Body> + Send + 'static,
+    B: From<ReplyBody> + Send + 'static,
 {
     type Output = Result<Response<B>, E>;
 
@@ -95,7 +95,7 @@ where
         let this = self.project();
         let mut res = std::task::ready!(this.inner.poll(cx))?;
         if let Some(tunnel) = res.extensions_mut().remove::<Tunnel>() {
-            let body = std::mem::replace(res.body_mut(), B::from(Body::empty()));
+            let body = std::mem::replace(res.body_mut(), B::from(ReplyBody::empty()));
             tunnel.keep(body);
             tunnel.keep(this.tunnels.opened());
         }

@@ -27,7 +27,7 @@ use crate::common::body::RequestBody;
 use http::{Request, Response};
 use tokio::task::JoinHandle;
 
-use crate::common::body::Body;
+use crate::common::body::ReplyBody;
 use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
@@ -193,7 +193,7 @@ pub(crate) struct MetricsEndpoint {
 }
 
 impl MetricsEndpoint {
-    fn answer<B>(&self, req: &Request<B>) -> Response<Body> {
+    fn answer<B>(&self, req: &Request<B>) -> Response<ReplyBody> {
         metrics_route(req, PROMETHEUS_TEXT, || {
             let mut text = self
                 .request_metrics
@@ -207,7 +207,10 @@ impl MetricsEndpoint {
 }
 
 impl Endpoint for MetricsEndpoint {
-    fn respond(self, req: Request<RequestBody>) -> impl Future<Output = Response<Body>> + Send {
+    fn respond(
+        self,
+        req: Request<RequestBody>,
+    ) -> impl Future<Output = Response<ReplyBody>> + Send {
         std::future::ready(self.answer(&req))
     }
 }

@@ -11,6 +11,7 @@
 //! byte tunnel ([`tunnel_copy`]). A failure to reach the app is `502` with Go's
 //! error text as the body, logged once.
 
+pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod hop;
 pub(crate) mod tunnel_copy;
@@ -30,12 +31,13 @@ use http::{Method, Request, Response, StatusCode, Version};
 use tokio::sync::mpsc;
 use tower::Service;
 
-use crate::common::body::{Body, RequestBody};
+use crate::common::body::{ReplyBody, RequestBody};
 use crate::common::headers::{
     KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR,
 };
 use crate::common::reply::http_error;
 use crate::common::tunnel_registry::TunnelDeadline;
+use crate::proxy::body::ProxyBody;
 pub(crate) use error::UpstreamError;
 pub(crate) use upstream::{Upstream, WholeRequest};
 
@@ -61,9 +63,9 @@ impl Proxy {
 }
 
 impl Service<Request<RequestBody>> for Proxy {
-    type Response = Response<Body>;
+    type Response = Response<ProxyBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -133,7 +135,7 @@ impl Proxy {
         &self,
         mut req: Request<RequestBody>,
         hop: hop::Hop,
-    ) -> Result<Response<Body>, UpstreamError> {
+    ) -> Result<Response<ProxyBody>, UpstreamError> {
         let h2 = req.version() == Version::HTTP_2;
         let deadline = req.extensions().get::<TunnelDeadline>().copied();
         let client_upgrade = match &hop.upgrade {
@@ -154,7 +156,7 @@ impl Proxy {
             let (res, checkin) = self.upstream.send_http1(req).await?;
             // Not handed back before a `101` is looked at: an upgraded
             // connection is the tunnel's.
-            res.map(|body| Body::Upstream(body, Some(checkin)))
+            res.map(|body| ProxyBody::Upstream(body, Some(checkin)))
         };
 
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -170,7 +172,7 @@ impl Proxy {
             }
             let tunnel = tunnel_copy::spawn(client, hyper::upgrade::on(&mut res), deadline);
             res.extensions_mut().insert(tunnel);
-            return Ok(res.map(|_| Body::empty()));
+            return Ok(res.map(|_| ProxyBody::from(ReplyBody::empty())));
         }
         Ok(finish(res))
     }
@@ -182,7 +184,7 @@ impl Proxy {
     async fn connect(
         &self,
         mut req: Request<RequestBody>,
-    ) -> Result<Response<Body>, UpstreamError> {
+    ) -> Result<Response<ProxyBody>, UpstreamError> {
         let client = hyper::upgrade::on(&mut req);
         let deadline = req.extensions().get::<TunnelDeadline>().copied();
         let (mut parts, body) = req.into_parts();
@@ -201,9 +203,9 @@ impl Proxy {
             res.headers_mut().remove(TRANSFER_ENCODING);
             let tunnel = tunnel_copy::spawn(client, hyper::upgrade::on(&mut res), deadline);
             res.extensions_mut().insert(tunnel);
-            return Ok(res.map(|_| Body::empty()));
+            return Ok(res.map(|_| ProxyBody::from(ReplyBody::empty())));
         }
-        Ok(res.map(|body| Body::Upstream(body, None)))
+        Ok(res.map(|body| ProxyBody::Upstream(body, None)))
     }
 
     /// A `CONNECT` over HTTP/2, as Go's reverse proxy passes it: to the app
@@ -216,7 +218,7 @@ impl Proxy {
     async fn connect_h2(
         &self,
         mut req: Request<RequestBody>,
-    ) -> Result<Response<Body>, UpstreamError> {
+    ) -> Result<Response<ProxyBody>, UpstreamError> {
         let client = hyper::upgrade::on(&mut req);
         let deadline = req.extensions().get::<TunnelDeadline>().copied();
         // One message in flight: the client is read as fast as the app's
@@ -229,11 +231,11 @@ impl Proxy {
             res.headers_mut().remove(CONTENT_LENGTH);
             let (parts, from_app) = res.into_parts();
             let tunnel = tunnel_copy::spawn_stream(client, from_app, to_app, deadline);
-            let mut res = Response::from_parts(parts, Body::empty());
+            let mut res = Response::from_parts(parts, ProxyBody::from(ReplyBody::empty()));
             res.extensions_mut().insert(tunnel);
             return Ok(res);
         }
-        Ok(res.map(Body::released_if_ended))
+        Ok(res.map(ProxyBody::released_if_ended))
     }
 
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin
@@ -322,7 +324,7 @@ fn mismatch(requested: Option<&[u8]>, offered: Option<&[u8]>) -> UpstreamError {
 }
 
 /// The proxy's answer: the app's response, or the error's.
-fn answer(res: Result<Response<Body>, UpstreamError>) -> Response<Body> {
+fn answer(res: Result<Response<ProxyBody>, UpstreamError>) -> Response<ProxyBody> {
     match res {
         Ok(res) => res,
         Err(err) => error_response(&err),
@@ -339,14 +341,14 @@ fn pass_on<B>(res: &mut Response<B>) {
 
 /// The app's response, [passed on](pass_on), its connection handed back
 /// at once when its body is already over.
-fn finish(mut res: Response<Body>) -> Response<Body> {
+fn finish(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
     pass_on(&mut res);
-    res.map(Body::released_if_ended)
+    res.map(ProxyBody::released_if_ended)
 }
 
 /// The `502` Knative answers when the app cannot be reached: Go's
 /// `http.Error` with the error text.
-fn error_response(err: &UpstreamError) -> Response<Body> {
+fn error_response(err: &UpstreamError) -> Response<ProxyBody> {
     if err.is_client_gone() {
         tracing::debug!(error = %err, "request context canceled");
     } else {
@@ -356,7 +358,7 @@ fn error_response(err: &UpstreamError) -> Response<Body> {
             "error reverse proxying request; sockstat: {sockstat}"
         );
     }
-    http_error(StatusCode::BAD_GATEWAY, format!("{err}\n"))
+    http_error(StatusCode::BAD_GATEWAY, format!("{err}\n")).map(ProxyBody::from)
 }
 
 #[cfg(test)]

@@ -27,8 +27,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::common::body::Body;
 use crate::common::tunnel_registry::{Tunnel, TunnelDeadline};
+use crate::proxy::body::ProxyBody;
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;
@@ -58,7 +58,7 @@ pub(super) fn spawn(client: OnUpgrade, app: OnUpgrade, deadline: Option<TunnelDe
 /// other, whose copy goes on; a side that fails ends both.
 pub(super) fn spawn_stream(
     client: OnUpgrade,
-    from_app: Body,
+    from_app: ProxyBody,
     to_app: mpsc::Sender<Bytes>,
     deadline: Option<TunnelDeadline>,
 ) -> Tunnel {

@@ -36,11 +36,12 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
-use crate::common::body::{Body, RequestBody};
+use crate::common::body::RequestBody;
 use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
 use crate::common::h2;
 use crate::common::keep_alive::{Checkin, HyperConn, Idle};
 use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use crate::proxy::body::ProxyBody;
 
 /// TCP keep-alive on upstream connections (Knative's dialer).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
@@ -132,7 +133,7 @@ impl Upstream {
     pub(crate) async fn send_whole(
         &self,
         req: WholeRequest,
-    ) -> Result<http::Response<Body>, UpstreamError> {
+    ) -> Result<http::Response<ProxyBody>, UpstreamError> {
         let WholeRequest {
             head,
             mut body,
@@ -176,13 +177,13 @@ impl Upstream {
         body: Bytes,
         method: &Method,
         headers: &mut HeaderMap,
-    ) -> Result<Response<Body>, UpstreamError> {
+    ) -> Result<Response<ProxyBody>, UpstreamError> {
         let parsed = match h1::exchange(&mut conn, head, body, method, headers).await {
             Ok(parsed) => parsed,
             Err(err) => return Err(self.exchange_error(err, &conn)),
         };
         let body = AppBody::new(conn, &parsed, self.idle_own.clone());
-        let mut res = Response::new(Body::App(body));
+        let mut res = Response::new(ProxyBody::App(body));
         *res.status_mut() = parsed.status;
         *res.version_mut() = parsed.version;
         *res.headers_mut() = parsed.headers;
@@ -260,7 +261,7 @@ impl Upstream {
     pub(crate) async fn send_h2c(
         &self,
         req: Request<RequestBody>,
-    ) -> Result<Response<Body>, UpstreamError> {
+    ) -> Result<Response<ProxyBody>, UpstreamError> {
         self.h2c.send(req).await
     }
 }
@@ -369,12 +370,12 @@ struct Live {
 }
 
 impl H2c {
-    async fn send(&self, req: Request<RequestBody>) -> Result<Response<Body>, UpstreamError> {
+    async fn send(&self, req: Request<RequestBody>) -> Result<Response<ProxyBody>, UpstreamError> {
         let live = self.live().await?;
         let res = h2::send(live.sender, req)
             .await
             .map_err(UpstreamError::Http2)?;
-        Ok(res.map(Body::H2))
+        Ok(res.map(ProxyBody::H2))
     }
 
     fn current(&self) -> Option<Live> {

@@ -1,0 +1,126 @@
+//! The response body of the main port: streamed from the user container by
+//! whichever client carried the request, or made by qproxy.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::common::body::ReplyBody;
+use crate::common::h1::{self, AppBody};
+use crate::common::h2::AppStream;
+use crate::common::keep_alive::Checkin;
+
+/// A response body: streamed from the user container, or made by qproxy.
+///
+/// Upstream bodies are passed through frame by frame (data as the app writes
+/// it, then trailers), never collected.
+#[derive(Debug)]
+pub(crate) enum ProxyBody {
+    /// Streamed from the user container by hyper's HTTP/1.1 client; the
+    /// connection it came on, if it may be reused, is handed back once the
+    /// body has been read to its end (closed if the body is dropped
+    /// before).
+    Upstream(Incoming, Option<Checkin>),
+    /// Streamed from the user container over a connection qproxy speaks
+    /// HTTP/1.1 on itself, which the body hands back at its end.
+    App(AppBody),
+    /// Streamed from the user container over h2c, by qproxy's own client.
+    H2(AppStream),
+    /// A body qproxy made itself (error texts, probe answers).
+    Reply(ReplyBody),
+}
+
+impl ProxyBody {
+    /// This body, its app connection handed back at once if the body is
+    /// empty from the start: hyper never polls a body that has ended.
+    pub(crate) fn released_if_ended(mut self) -> Self {
+        if let ProxyBody::Upstream(body, checkin) = &mut self
+            && http_body::Body::is_end_stream(body)
+        {
+            release(checkin);
+        }
+        self
+    }
+}
+
+/// Why a response body from the user container failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProxyBodyError {
+    /// Read by hyper.
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// Read by qproxy's own HTTP/1.1 client.
+    #[error(transparent)]
+    App(#[from] h1::BodyError),
+    /// Read from an h2c stream of qproxy's own client.
+    #[error("error reading a body from connection")]
+    H2(#[from] h2::Error),
+}
+
+impl http_body::Body for ProxyBody {
+    type Data = Bytes;
+    type Error = ProxyBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ProxyBodyError>>> {
+        let polled = match self.get_mut() {
+            ProxyBody::Upstream(b, checkin) => {
+                let polled = Pin::new(&mut *b).poll_frame(cx);
+                match &polled {
+                    // The end, whether the last frame said so or not.
+                    Poll::Ready(None) => release(checkin),
+                    Poll::Ready(Some(Ok(_))) if b.is_end_stream() => release(checkin),
+                    Poll::Ready(Some(_)) | Poll::Pending => {}
+                }
+                polled.map_err(ProxyBodyError::from)
+            }
+            ProxyBody::App(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
+            ProxyBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
+            ProxyBody::Reply(b) => {
+                return Pin::new(b)
+                    .poll_frame(cx)
+                    .map(|f| f.map(|f| f.map_err(|e| match e {})));
+            }
+        };
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            tracing::debug!(error = %e, "response body from the user container failed");
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Upstream(b, _) => b.is_end_stream(),
+            ProxyBody::App(b) => b.is_end_stream(),
+            ProxyBody::H2(b) => b.is_end_stream(),
+            ProxyBody::Reply(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Upstream(b, _) => b.size_hint(),
+            ProxyBody::App(b) => b.size_hint(),
+            ProxyBody::H2(b) => b.size_hint(),
+            ProxyBody::Reply(b) => b.size_hint(),
+        }
+    }
+}
+
+/// Hands an app connection back for reuse, once.
+fn release(checkin: &mut Option<Checkin>) {
+    if let Some(checkin) = checkin.take() {
+        checkin.release();
+    }
+}
+
+impl From<ReplyBody> for ProxyBody {
+    fn from(body: ReplyBody) -> Self {
+        ProxyBody::Reply(body)
+    }
+}
