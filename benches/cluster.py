@@ -37,12 +37,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "cluster"))
 
-from lib import build, knative, node as nodes  # noqa: E402
+from lib import build, knative, node as nodes, util  # noqa: E402
 
 CLUSTER = os.path.join(ROOT, "scripts", "cluster")
 VENV = os.path.join(ROOT, "target", "bench-venv")
@@ -69,14 +68,10 @@ def kubectl(*args, stdin=None, check=True):
 
 
 def wait(what, condition, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench: {what}: not within {timeout} s")
-        time.sleep(0.5)
+    try:
+        return util.wait_until(what, condition, timeout)
+    except util.PhaseError as error:
+        raise SystemExit(f"bench: {error}")
 
 
 def service(name, annotations, image="helloworld"):
