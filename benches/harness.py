@@ -132,7 +132,8 @@ def build(args):
         out["events"] = os.path.join(ROOT, "target", "bench", "events.lua")
         with open(out["events"], "w") as f:
             f.write(EVENTS_SCRIPT)
-    if 11 in args.loads:
+    counted = args.instructions and not args.smoke and any(n in COUNTED for n in args.contenders)
+    if 11 in args.loads or counted:
         out["grpc-request"] = os.path.join(ROOT, "target", "bench", "grpc-request")
         with open(out["grpc-request"], "wb") as f:
             f.write(bytes(5))
@@ -140,7 +141,6 @@ def build(args):
         out["accel"] = accel_setup()
     tls = any(n in args.loads for n in TLS_LOAD_NUMBERS)
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
-    counted = args.instructions and not args.smoke and any(n in COUNTED for n in args.contenders)
     for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])
                  + (["valgrind", "callgrind_control"] if counted else [])
                  + (["openssl"] if tls else []) + proxies):
@@ -773,36 +773,45 @@ COUNTED = ("qproxy", "qproxy-base", "qproxy-nometrics", "nginx", "haproxy")
 
 
 def run_instructions(args, bins):
-    """{contender: instructions per request}: user-space instructions of
-    each proxy, counted by callgrind over `args.instructions` and twice as
-    many of load 1's requests (4 connections kept alive, `h2load --h1`),
-    counting from when the proxy serves; the difference, divided, leaves
-    shutdown out too. It moves by about 0.1% from run to run, so it shows
-    a change too small for the CPU times' noise; it weighs neither the
-    kernel's work nor cache misses."""
+    """{contender: {request: instructions per request}}: user-space
+    instructions of each proxy, counted by callgrind over
+    `args.instructions` and twice as many requests of each kind in
+    COUNTED_REQUESTS (4 connections kept alive), counting from when the
+    proxy serves; the difference, divided, leaves shutdown out too. It
+    moves by about 0.1% from run to run, so it shows a change too small
+    for the CPU times' noise; it weighs neither the kernel's work nor
+    cache misses."""
     counts = {}
     app, app_port = start_app(bins, "unpinned")
     try:
         for name in (n for n in args.contenders if n in COUNTED):
-            try:
-                totals = [count_instructions(name, bins, app_port, n)
-                          for n in (args.instructions, 2 * args.instructions)]
-            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                print(f"  {name:17} not counted: {e}", flush=True)
-                continue
-            counts[name] = (totals[1] - totals[0]) / args.instructions
-            print(f"  {name:17} {counts[name]:,.0f} instructions per request", flush=True)
+            for request in COUNTED_REQUESTS:
+                try:
+                    totals = [count_instructions(name, bins, app_port, n, request)
+                              for n in (args.instructions, 2 * args.instructions)]
+                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                    print(f"  {name:17} {request}: not counted: {e}", flush=True)
+                    continue
+                n = (totals[1] - totals[0]) / args.instructions
+                counts.setdefault(name, {})[request] = n
+                print(f"  {name:17} {request}: {n:,.0f} instructions per request", flush=True)
     finally:
         stop(app)
     return counts
 
 
-def count_instructions(name, bins, app_port, n):
+# The requests whose instructions are counted: load 1's (HTTP/1.1 keep-alive
+# `GET /`) and load 11's gRPC unary call over h2c.
+COUNTED_REQUESTS = ("load 1", "gRPC unary")
+
+
+def count_instructions(name, bins, app_port, n, request):
     """The instructions callgrind counts in contender `name`, started
-    afresh, over `n` of load 1's requests and its shutdown: counting starts
-    once it serves, since what a start costs varies (qproxy's metrics
-    library calibrates its clock for a varying number of rounds)."""
-    out = os.path.join(tempfile.gettempdir(), f"qproxy-bench-callgrind-{name}-{n}")
+    afresh, over `n` requests of kind `request` and its shutdown: counting
+    starts once it serves, since what a start costs varies (qproxy's
+    metrics library calibrates its clock for a varying number of rounds)."""
+    slug = request.replace(" ", "-")
+    out = os.path.join(tempfile.gettempdir(), f"qproxy-bench-callgrind-{name}-{slug}-{n}")
     c = Contender(name, bins, "unpinned")
     c.wrap = [bins["valgrind"], "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     try:
@@ -811,8 +820,13 @@ def count_instructions(name, bins, app_port, n):
             # Under valgrind the proxy keeps its PID (nginx is one process).
             subprocess.run([bins["callgrind_control"], "--instr=on", str(c.procs[0].pid)],
                            capture_output=True, text=True, check=True, timeout=60)
-            done = subprocess.run([bins["h2load"], "--h1", "-n", str(n), "-c", "4",
-                                   f"http://127.0.0.1:{c.port}/"], capture_output=True, text=True, check=True).stdout
+            if request == "gRPC unary":
+                load = ["-d", bins["grpc-request"], *(a for h in GRPC_HEADERS for a in ("-H", h)),
+                        f"http://127.0.0.1:{c.h2_port}{GRPC_PATH}"]
+            else:
+                load = ["--h1", f"http://127.0.0.1:{c.port}/"]
+            done = subprocess.run([bins["h2load"], "-n", str(n), "-c", "4", *load],
+                                  capture_output=True, text=True, check=True).stdout
             m = re.search(r"(\d+) succeeded", done)
             if not m or int(m.group(1)) != n:
                 raise RuntimeError(f"{m.group(1) if m else 'no'} of {n} requests succeeded")
@@ -839,11 +853,13 @@ def report(args, throughput, concurrency, footprint, allocations=None, instructi
         lines.extend(f"- {a}" for a in allocations)
         lines.append("")
     if instructions:
-        lines.append(f"### Instructions per request (callgrind, load 1's request, "
-                     f"{args.instructions:,} and {2 * args.instructions:,} requests)\n")
-        lines.append("| contender | user-space instructions per request |")
-        lines.append("|---|---|")
-        lines.extend(f"| {name} | {n:,.0f} |" for name, n in instructions.items())
+        lines.append(f"### Instructions per request (callgrind, {args.instructions:,} and "
+                     f"{2 * args.instructions:,} requests)\n")
+        lines.append("| contender | " + " | ".join(f"{r}: user-space instructions per request"
+                                                  for r in COUNTED_REQUESTS) + " |")
+        lines.append("|---" * (1 + len(COUNTED_REQUESTS)) + "|")
+        lines.extend(f"| {name} | " + " | ".join(fmt(by.get(r), digits=0) for r in COUNTED_REQUESTS) + " |"
+                     for name, by in instructions.items())
         lines.append("")
     for variant in args.variants:
         lines.append(f"### Throughput and cost, {variant}\n")
