@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 
 use crate::common::body::ReplyBody;
 use crate::common::h1::{self, AppBody};
-use crate::common::h2::AppStream;
+use super::h2c::H2cBody;
 use crate::common::keep_alive::Checkin;
 
 /// A response body: streamed from the user container, or made by qproxy.
@@ -28,7 +28,7 @@ pub(crate) enum ProxyBody {
     /// HTTP/1.1 on itself, which the body hands back at its end.
     App(AppBody),
     /// Streamed from the user container over h2c, by qproxy's own client.
-    H2(AppStream),
+    H2c(H2cBody),
     /// A body qproxy made itself (error texts, probe answers).
     Reply(ReplyBody),
 }
@@ -80,7 +80,7 @@ impl http_body::Body for ProxyBody {
                 polled.map_err(ProxyBodyError::from)
             }
             ProxyBody::App(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
-            ProxyBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
+            ProxyBody::H2c(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
             ProxyBody::Reply(b) => {
                 return Pin::new(b)
                     .poll_frame(cx)
@@ -97,7 +97,7 @@ impl http_body::Body for ProxyBody {
         match self {
             ProxyBody::Upstream(b, _) => b.is_end_stream(),
             ProxyBody::App(b) => b.is_end_stream(),
-            ProxyBody::H2(b) => b.is_end_stream(),
+            ProxyBody::H2c(b) => b.is_end_stream(),
             ProxyBody::Reply(b) => b.is_end_stream(),
         }
     }
@@ -106,7 +106,7 @@ impl http_body::Body for ProxyBody {
         match self {
             ProxyBody::Upstream(b, _) => b.size_hint(),
             ProxyBody::App(b) => b.size_hint(),
-            ProxyBody::H2(b) => b.size_hint(),
+            ProxyBody::H2c(b) => b.size_hint(),
             ProxyBody::Reply(b) => b.size_hint(),
         }
     }

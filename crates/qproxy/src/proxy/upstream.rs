@@ -19,7 +19,7 @@
 //! that was fresh, and Go does not retry then either). HTTP/2 requests go
 //! out as h2c (prior knowledge) over one shared, multiplexed connection,
 //! made on first use and remade when it closes, spoken by qproxy's own
-//! client ([`crate::common::h2`]).
+//! client ([`super::h2c`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +38,7 @@ use tokio::net::TcpStream;
 use super::error::UpstreamError;
 use crate::common::body::RequestBody;
 use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
-use crate::common::h2;
+use super::h2c;
 use crate::common::keep_alive::{Checkin, HyperConn, Idle};
 use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 use crate::proxy::body::ProxyBody;
@@ -364,7 +364,7 @@ struct H2c {
 
 #[derive(Debug, Clone)]
 struct Live {
-    sender: ::h2::client::SendRequest<Bytes>,
+    sender: h2::client::SendRequest<Bytes>,
     /// Set when the connection's task ends.
     closed: Arc<AtomicBool>,
 }
@@ -372,10 +372,10 @@ struct Live {
 impl H2c {
     async fn send(&self, req: Request<RequestBody>) -> Result<Response<ProxyBody>, UpstreamError> {
         let live = self.live().await?;
-        let res = h2::send(live.sender, req)
+        let res = h2c::send(live.sender, req)
             .await
             .map_err(UpstreamError::Http2)?;
-        Ok(res.map(ProxyBody::H2))
+        Ok(res.map(ProxyBody::H2c))
     }
 
     fn current(&self) -> Option<Live> {
@@ -400,7 +400,7 @@ impl H2c {
 
     async fn connect(&self) -> Result<Live, UpstreamError> {
         let (tcp, _local) = dial(self.addr).await?;
-        let (sender, conn) = h2::builder()
+        let (sender, conn) = h2c::builder()
             .handshake(tcp)
             .await
             .map_err(UpstreamError::Http2)?;

@@ -8,7 +8,7 @@
 //! before it waits, and awaits the response itself; only a body still
 //! streaming gets a task of its own ([`Pipe`]), which resets the stream if
 //! the request is dropped before its answer. The response body
-//! ([`AppStream`]) reads h2's stream and gives its flow-control capacity
+//! ([`H2cBody`]) reads h2's stream and gives its flow-control capacity
 //! back as it goes. The rules are hyper's, so the app sees what it saw
 //! before: hyper's connection settings, `Content-Length` set from a body of
 //! known size, a stream reset with `NO_ERROR` ending the body early rather
@@ -28,8 +28,8 @@ use http::{Method, Request, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::sync::oneshot;
 
-use super::body::RequestBody;
-use super::h1::content_length;
+use crate::common::body::RequestBody;
+use crate::common::h1::content_length;
 
 /// The connection settings of hyper's HTTP/2 client, which the app saw
 /// before: 2 MiB stream and 5 MiB connection windows, 16 KiB frames and
@@ -53,7 +53,7 @@ pub(crate) fn builder() -> Builder {
 pub(crate) async fn send(
     sender: SendRequest<Bytes>,
     req: Request<RequestBody>,
-) -> Result<Response<AppStream>, h2::Error> {
+) -> Result<Response<H2cBody>, h2::Error> {
     let (mut parts, body) = req.into_parts();
     if let Some(len) = body.size_hint().exact()
         && (len != 0 || has_payload_semantics(&parts.method))
@@ -77,7 +77,7 @@ pub(crate) async fn send(
     }
     // h2 has refused a response whose `Content-Length` is not one length.
     let remaining = content_length(res.headers()).ok().flatten();
-    Ok(res.map(|recv| AppStream {
+    Ok(res.map(|recv| H2cBody {
         recv,
         remaining,
         data_done: false,
@@ -95,7 +95,7 @@ fn has_payload_semantics(method: &Method) -> bool {
 
 /// A response body from the app, read from its HTTP/2 stream.
 #[derive(Debug)]
-pub(crate) struct AppStream {
+pub(crate) struct H2cBody {
     recv: RecvStream,
     /// What `Content-Length` said is left, when it said.
     remaining: Option<u64>,
@@ -103,7 +103,7 @@ pub(crate) struct AppStream {
     data_done: bool,
 }
 
-impl http_body::Body for AppStream {
+impl http_body::Body for H2cBody {
     type Data = Bytes;
     type Error = h2::Error;
 
