@@ -23,7 +23,6 @@
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,12 +32,16 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
 use http_body::{Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::body::RequestBody;
 use super::keep_alive::{Idle, Pooled};
-use super::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use qproxy_http1::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use qproxy_http1::wire::length::{InvalidLength, add_length};
+use qproxy_http1::wire::read::poll_read_into;
+use qproxy_http1::wire::title_case::header_line;
+use qproxy_http1::wire::token::{connection_has, ends_chunked};
 
 /// Header lines parsed on the stack; a head with more is parsed again
 /// with room for [`MAX_HEADER_FIELDS`].
@@ -145,32 +148,6 @@ pub(crate) fn encode(req: &Request<RequestBody>, dst: &mut Vec<u8>) {
     dst.extend_from_slice(b"\r\n");
 }
 
-/// Writes a header line, its name in [title case](title_case).
-pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    // A standard name is spelt out by a table lookup: once.
-    let name = name.as_str();
-    dst.reserve(name.len() + value.len() + 4);
-    title_case(dst, name);
-    dst.extend_from_slice(b": ");
-    dst.extend_from_slice(value.as_bytes());
-    dst.extend_from_slice(b"\r\n");
-}
-
-/// Writes `name` as hyper writes header names in title case (and Go
-/// writes them): the first letter and each one after a `-` upper-cased.
-pub(crate) fn title_case(dst: &mut Vec<u8>, name: &str) {
-    let start = dst.len();
-    dst.extend_from_slice(name.as_bytes());
-    let mut word = &mut dst[start..];
-    while let Some(first) = word.first_mut() {
-        first.make_ascii_uppercase();
-        let Some(dash) = word.iter().position(|&c| c == b'-') else {
-            break;
-        };
-        word = &mut std::mem::take(&mut word)[dash + 1..];
-    }
-}
-
 /// A response head read from the app, and how its body is framed.
 #[derive(Debug)]
 pub(crate) struct Head {
@@ -270,34 +247,6 @@ async fn write_all_both(
     Ok(())
 }
 
-/// Most bytes one read of a head takes: most heads, and small bodies, fit.
-const READ_CHUNK: usize = 4096;
-
-/// Reads what the peer has sent, at most [`READ_CHUNK`] bytes, onto the
-/// end of `buf`, which grows only by what came: the read lands on the
-/// stack first.
-pub(crate) fn poll_read_into<IO: AsyncRead + Unpin>(
-    io: &mut IO,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    poll_read_at_most(io, buf, READ_CHUNK, cx)
-}
-
-/// [`poll_read_into`], reading at most `most` bytes.
-pub(crate) fn poll_read_at_most<IO: AsyncRead + Unpin>(
-    io: &mut IO,
-    buf: &mut BytesMut,
-    most: usize,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    let mut room = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-    let mut read = ReadBuf::uninit(&mut room[..most.min(READ_CHUNK)]);
-    ready!(Pin::new(io).poll_read(cx, &mut read))?;
-    buf.extend_from_slice(read.filled());
-    Poll::Ready(Ok(read.filled().len()))
-}
-
 /// What [`parse`] found in the bytes read so far.
 enum Parsed {
     /// The final response's head, taken from the buffer.
@@ -373,11 +322,11 @@ fn parse(
         let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| invalid())?;
         match name {
             CONNECTION => {
-                if close || has_token(&value, "close") {
+                if close || connection_has(&value, "close") {
                     close = true;
                     keep_alive = false;
                 } else if !keep_alive {
-                    keep_alive = has_token(&value, "keep-alive");
+                    keep_alive = connection_has(&value, "keep-alive");
                 }
             }
             TRANSFER_ENCODING => coded = Some(ends_chunked(&value)),
@@ -441,13 +390,6 @@ fn run<'b>(
     )))
 }
 
-/// Whether a `Connection` value lists `token`.
-pub(crate) fn has_token(value: &HeaderValue, token: &str) -> bool {
-    value
-        .to_str()
-        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-}
-
 /// How the body of a response is framed (RFC 9112 §6.3, as hyper reads
 /// it), from its last `Transfer-Encoding` value (whether that ends in
 /// `chunked`), if it has one, and its [`Content-Length`](content_length).
@@ -478,65 +420,6 @@ fn framing(
         Ok(None) => Ok(Framing::Eof),
         Err(InvalidLength) => Err(ExchangeError::Malformed("invalid content-length parsed")),
     }
-}
-
-/// A `Content-Length` that is not one length: a value that is not ASCII
-/// digits, or values that disagree.
-#[derive(Debug)]
-pub(crate) struct InvalidLength;
-
-/// The length a message's `Content-Length` declares, read as hyper reads
-/// it: every value (each a comma-separated list) ASCII digits, and all the
-/// same. `None` when there is no `Content-Length`.
-pub(crate) fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InvalidLength> {
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        add_length(&mut length, value)?;
-    }
-    Ok(length)
-}
-
-/// Reads one `Content-Length` value into `length`, the one its values
-/// before it declared.
-fn add_length(length: &mut Option<u64>, value: &HeaderValue) -> Result<(), InvalidLength> {
-    let mut add = |n: u64| {
-        if length.is_some_and(|l| l != n) {
-            return Err(InvalidLength);
-        }
-        *length = Some(n);
-        Ok(())
-    };
-    // Almost every value is one length, in digits alone.
-    if let Some(n) = digits(value.as_bytes()) {
-        return add(n);
-    }
-    let text = value.to_str().map_err(|_| InvalidLength)?;
-    for part in text.split(',') {
-        add(digits(part.trim().as_bytes()).ok_or(InvalidLength)?)?;
-    }
-    Ok(())
-}
-
-/// Whether a `Transfer-Encoding` value's last coding is `chunked`.
-pub(crate) fn ends_chunked(value: &HeaderValue) -> bool {
-    value
-        .to_str()
-        .ok()
-        .and_then(|s| s.rsplit(',').next())
-        .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"))
-}
-
-/// A decimal number of ASCII digits only (no sign), as hyper reads a
-/// `Content-Length`: `None` if empty, anything but digits, or past
-/// `u64::MAX`.
-pub(crate) fn digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() {
-        return None;
-    }
-    bytes.iter().try_fold(0u64, |n, &b| {
-        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
 }
 
 /// Why a response body could not be read to its end.
@@ -918,54 +801,6 @@ mod tests {
                 Parsed::Partial => return Err("partial".into()),
             }
         }
-    }
-
-    #[test]
-    fn names_are_title_cased_after_every_dash() {
-        for (name, want) in [
-            ("host", "Host"),
-            ("x-forwarded-for", "X-Forwarded-For"),
-            ("a--b", "A--B"),
-            ("-a-", "-A-"),
-            ("k-1x", "K-1x"),
-        ] {
-            let mut dst = b"GET / HTTP/1.1\r\n".to_vec();
-            title_case(&mut dst, HeaderName::from_static(name).as_str());
-            assert_eq!(&dst[16..], want.as_bytes(), "{name}");
-        }
-    }
-
-    #[test]
-    fn lengths_are_read_as_hyper_reads_them() {
-        for (text, want) in [
-            ("0", Some(0)),
-            ("007", Some(7)),
-            ("18446744073709551615", Some(u64::MAX)),
-            ("18446744073709551616", None),
-            ("", None),
-            ("+1", None),
-            ("-1", None),
-            ("1 ", None),
-            ("0x1", None),
-        ] {
-            assert_eq!(digits(text.as_bytes()), want, "{text:?}");
-        }
-        let length = |values: &[&str]| {
-            let mut headers = HeaderMap::new();
-            for v in values {
-                headers.append(CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
-            }
-            content_length(&headers).ok()
-        };
-        assert_eq!(length(&[]), Some(None));
-        assert_eq!(length(&["5"]), Some(Some(5)));
-        assert_eq!(length(&["5, 5", " 5 "]), Some(Some(5)));
-        assert_eq!(length(&["5", "5,5"]), Some(Some(5)));
-        assert_eq!(length(&["5", "6"]), None);
-        assert_eq!(length(&["5,6"]), None);
-        assert_eq!(length(&["5,"]), None);
-        assert_eq!(length(&["five"]), None);
-        assert_eq!(length(&["18446744073709551616"]), None);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use go_template::{Object, Template, Value, canonical_header_key, float_v};
 use http::{HeaderMap, Method, Request, Uri, Version};
+use qproxy_http1::wire::token::connection_has;
 
 use crate::config::{Generation, Revision};
 use crate::observe::semconv;
@@ -166,10 +167,10 @@ impl RequestLog {
 /// or `Connection: close`.
 fn closes(version: Version, headers: &HeaderMap) -> bool {
     let has = |token: &str| {
-        headers.get_all(http::header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-        })
+        headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| connection_has(v, token))
     };
     match version {
         Version::HTTP_10 => !has("keep-alive"),

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::h2c::H2cBody;
 use crate::common::body::ReplyBody;
 use crate::common::h1::{self, AppBody};
-use super::h2c::H2cBody;
 use crate::common::keep_alive::Checkin;
 
 /// A response body: streamed from the user container, or made by qproxy.

@@ -29,7 +29,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::sync::oneshot;
 
 use crate::common::body::RequestBody;
-use crate::common::h1::content_length;
+use qproxy_http1::wire::length::content_length;
 
 /// The connection settings of hyper's HTTP/2 client, which the app saw
 /// before: 2 MiB stream and 5 MiB connection windows, 16 KiB frames and

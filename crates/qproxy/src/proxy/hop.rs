@@ -11,6 +11,7 @@
 
 use http::header::{CONNECTION, HeaderName, HeaderValue, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, header};
+use qproxy_http1::wire::token::any_value_has;
 
 use crate::common::headers::{KEEP_ALIVE, PROXY_CONNECTION};
 
@@ -52,7 +53,7 @@ pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
     let upgrade = upgrade_type(headers)
         .filter(|p| !p.as_bytes().eq_ignore_ascii_case(b"h2c"))
         .cloned();
-    let trailers = contains_token(headers, &TE, "trailers");
+    let trailers = any_value_has(headers, &TE, "trailers");
     remove_hop_headers(headers, present);
     if trailers {
         headers.insert(TE, HeaderValue::from_static("trailers"));
@@ -75,20 +76,10 @@ pub fn prepare_response(headers: &mut HeaderMap) {
 /// The protocol a message asks to switch to: the first `Upgrade` value when
 /// `Connection` lists `upgrade`, and `None` otherwise (or when it is empty).
 pub(crate) fn upgrade_type(headers: &HeaderMap) -> Option<&HeaderValue> {
-    if !contains_token(headers, &CONNECTION, "upgrade") {
+    if !any_value_has(headers, &CONNECTION, "upgrade") {
         return None;
     }
     headers.get(UPGRADE).filter(|v| !v.is_empty())
-}
-
-/// Whether any value of `name` has `token` in its comma-separated list
-/// (ASCII case-insensitive), like Go's `httpguts.HeaderValuesContainsToken`.
-fn contains_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-    })
 }
 
 /// Which of [`HOP_HEADERS`] a message has, one bit each: most messages

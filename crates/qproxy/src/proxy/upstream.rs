@@ -36,12 +36,12 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
+use super::h2c;
 use crate::common::body::RequestBody;
 use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
-use super::h2c;
 use crate::common::keep_alive::{Checkin, HyperConn, Idle};
-use crate::common::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 use crate::proxy::body::ProxyBody;
+use qproxy_http1::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
 /// TCP keep-alive on upstream connections (Knative's dialer).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(5);

@@ -38,8 +38,9 @@ use super::head::{
 };
 use super::rewind::Rewind;
 use crate::common::body::{BoxError, RequestBody};
-use crate::common::{Accepted, Endpoint, MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use crate::common::{Accepted, Endpoint};
 use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
+use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;

@@ -48,13 +48,11 @@
 //! on: its answers to bad requests (`400`, `414`, `431`) are the ones clients
 //! have always had.
 
-use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice, Write};
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, ready};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{
@@ -71,9 +69,11 @@ use tower::Service;
 use super::graceful::Watcher;
 use super::head::HeadClock;
 use crate::common::body::{BodyRead, RequestBody, WholeBody};
-use crate::common::h1::{
-    digits, ends_chunked, has_token, header_line, poll_read_at_most, poll_read_into, title_case,
-};
+use qproxy_http1::wire::date::http_date;
+use qproxy_http1::wire::length::digits;
+use qproxy_http1::wire::read::{poll_read_at_most, poll_read_into};
+use qproxy_http1::wire::title_case::{header_line, title_case};
+use qproxy_http1::wire::token::{connection_has, ends_chunked};
 
 /// Header lines a head served here may have; one with more goes to hyper.
 const STACK_HEADERS: usize = 64;
@@ -83,7 +83,7 @@ const KEEP_READ: usize = 2048;
 /// Longest head served here; a longer one goes to hyper, in front of
 /// which those over Go's limit are refused. None served here is that long.
 const MAX_HEAD: usize = 16 * 1024;
-const _: () = assert!(MAX_HEAD < crate::common::MAX_HEADER_BYTES);
+const _: () = assert!(MAX_HEAD < qproxy_http1::limits::MAX_HEADER_BYTES);
 /// Largest request body served here, read whole before the request is
 /// served when it is all there already.
 const MAX_BODY: usize = 64 * 1024;
@@ -535,7 +535,7 @@ fn parse(raw: &Bytes, spare: &mut HeaderMap) -> Parsed {
                 None => return Parsed::Hyper,
             },
             CONTENT_LENGTH | TRANSFER_ENCODING | UPGRADE | TE => return Parsed::Hyper,
-            CONNECTION if keep_alive => keep_alive = !has_token(&value, "close"),
+            CONNECTION if keep_alive => keep_alive = !connection_has(&value, "close"),
             EXPECT => expect = true,
             _ => {}
         }
@@ -723,7 +723,7 @@ fn encode_head(
     if !keep_alive {
         match parts.headers.entry(CONNECTION) {
             Entry::Occupied(mut entry) => {
-                if !entry.iter().any(|v| has_token(v, "close")) {
+                if !entry.iter().any(|v| connection_has(v, "close")) {
                     entry.append(HeaderValue::from_static("close"));
                 }
             }
@@ -833,7 +833,7 @@ fn encode_head(
                 continue;
             }
             CONNECTION => {
-                last = last || has_token(value, "close");
+                last = last || connection_has(value, "close");
                 add_to_line(dst, &mut open, name, value);
                 continue;
             }
@@ -921,24 +921,6 @@ fn finish_head(dst: &mut Vec<u8>, wrote_date: bool) {
         dst.extend_from_slice(b"\r\n");
     }
     dst.extend_from_slice(b"\r\n");
-}
-
-thread_local! {
-    /// The current second, formatted as an HTTP date, and that second.
-    static DATE_NOW: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
-}
-
-/// Appends the time now as an HTTP date, formatted once a second.
-fn http_date(dst: &mut Vec<u8>) {
-    let now = SystemTime::now();
-    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    DATE_NOW.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != second || cached.1.is_empty() {
-            *cached = (second, httpdate::fmt_http_date(now));
-        }
-        dst.extend_from_slice(cached.1.as_bytes());
-    });
 }
 
 #[cfg(test)]
