@@ -5,9 +5,10 @@
 //! Shaped like hyper's `proto/h1`: [`wire`] holds the rules both roles
 //! follow (header tokens, `Content-Length`, title-cased names, reads into
 //! a buffer, the `Date` header), and [`limits`] the sizes both refuse
-//! beyond. The rules are hyper's, so what a client or the app sees is what
+//! beyond; [`pool`] keeps the app's connections alive between requests. The rules are hyper's, so what a client or the app sees is what
 //! it saw when hyper spoke for qproxy. The crate names none of qproxy's
 //! own types: the sidecar depends on it, never the other way.
 
 pub mod limits;
+pub mod pool;
 pub mod wire;

@@ -36,8 +36,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::body::RequestBody;
-use super::keep_alive::{Idle, Pooled};
 use qproxy_http1::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use qproxy_http1::pool::{Idle, Pooled};
 use qproxy_http1::wire::length::{InvalidLength, add_length};
 use qproxy_http1::wire::read::poll_read_into;
 use qproxy_http1::wire::title_case::header_line;
@@ -392,7 +392,7 @@ fn run<'b>(
 
 /// How the body of a response is framed (RFC 9112 §6.3, as hyper reads
 /// it), from its last `Transfer-Encoding` value (whether that ends in
-/// `chunked`), if it has one, and its [`Content-Length`](content_length).
+/// `chunked`), if it has one, and its [`Content-Length`](qproxy_http1::wire::length::content_length).
 fn framing(
     status: StatusCode,
     method: &Method,

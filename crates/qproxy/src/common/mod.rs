@@ -1,8 +1,7 @@
 //! What the layers, the reverse proxy and the small servers share: bodies
 //! and their guards, the answers qproxy makes itself, the tunnels of
-//! upgraded connections, the app connections kept alive, qproxy's own
-//! HTTP/1.1 client, Knative's header names, Go's formatting, and the TLS
-//! crypto provider.
+//! upgraded connections, qproxy's own HTTP/1.1 client, Knative's header
+//! names, Go's formatting, and the TLS crypto provider.
 //!
 //! Everything here sits below the rest of the crate and imports nothing
 //! from it, so that no two modules above it need each other.
@@ -12,7 +11,6 @@ pub(crate) mod crypto;
 pub(crate) mod go;
 pub(crate) mod h1;
 pub(crate) mod headers;
-pub(crate) mod keep_alive;
 pub(crate) mod outcome;
 pub(crate) mod reply;
 pub(crate) mod tunnel_registry;

@@ -11,7 +11,9 @@ use hyper::body::Incoming;
 use super::h2c::H2cBody;
 use crate::common::body::ReplyBody;
 use crate::common::h1::{self, AppBody};
-use crate::common::keep_alive::Checkin;
+use qproxy_http1::pool::Checkin;
+
+use super::hyper_conn::HyperConn;
 
 /// A response body: streamed from the user container, or made by qproxy.
 ///
@@ -23,7 +25,7 @@ pub(crate) enum ProxyBody {
     /// connection it came on, if it may be reused, is handed back once the
     /// body has been read to its end (closed if the body is dropped
     /// before).
-    Upstream(Incoming, Option<Checkin>),
+    Upstream(Incoming, Option<Checkin<HyperConn>>),
     /// Streamed from the user container over a connection qproxy speaks
     /// HTTP/1.1 on itself, which the body hands back at its end.
     App(AppBody),
@@ -113,7 +115,7 @@ impl http_body::Body for ProxyBody {
 }
 
 /// Hands an app connection back for reuse, once.
-fn release(checkin: &mut Option<Checkin>) {
+fn release(checkin: &mut Option<Checkin<HyperConn>>) {
     if let Some(checkin) = checkin.take() {
         checkin.release();
     }

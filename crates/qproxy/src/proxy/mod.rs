@@ -15,6 +15,7 @@ pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod h2c;
 pub(crate) mod hop;
+pub(crate) mod hyper_conn;
 pub(crate) mod tunnel_copy;
 pub(crate) mod upstream;
 

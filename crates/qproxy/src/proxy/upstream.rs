@@ -1,7 +1,7 @@
 //! Connections to the user container at `127.0.0.1:USER_PORT`.
 //!
 //! HTTP/1 requests go out as HTTP/1.1 over keep-alive connections that
-//! qproxy keeps itself (`common::keep_alive`): a request takes the
+//! qproxy keeps itself ([`qproxy_http1::pool`]): a request takes the
 //! connection used last, or dials one; its response body hands the
 //! connection back when the app's response has been read to its end, so
 //! that the next request, from any client connection, reuses it. Requests
@@ -39,7 +39,9 @@ use super::error::UpstreamError;
 use super::h2c;
 use crate::common::body::RequestBody;
 use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
-use crate::common::keep_alive::{Checkin, HyperConn, Idle};
+use qproxy_http1::pool::{Checkin, Idle};
+
+use super::hyper_conn::HyperConn;
 use crate::proxy::body::ProxyBody;
 use qproxy_http1::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 
@@ -93,7 +95,7 @@ impl Upstream {
     pub(crate) async fn send_http1(
         &self,
         mut req: Request<RequestBody>,
-    ) -> Result<(Response<Incoming>, Checkin), UpstreamError> {
+    ) -> Result<(Response<Incoming>, Checkin<HyperConn>), UpstreamError> {
         while let Some(mut conn) = self.idle.take() {
             if conn.sender.ready().await.is_err() {
                 continue;
@@ -216,7 +218,7 @@ impl Upstream {
         Ok((tcp, local))
     }
 
-    fn checkin(&self, conn: HyperConn) -> Checkin {
+    fn checkin(&self, conn: HyperConn) -> Checkin<HyperConn> {
         Checkin::new(self.idle.clone(), conn)
     }
 

@@ -1,52 +1,33 @@
-//! HTTP/1.1 connections to the user container kept alive for reuse: the
-//! idle ones, and the [`Checkin`] by which a response body hands its
-//! connection back once the app's response has been read to its end.
+//! HTTP/1.1 connections to the app kept alive for reuse: the idle ones,
+//! and the [`Checkin`] by which a response body hands its connection back
+//! once the app's response has been read to its end.
 //!
 //! The idle connections are a stack: a request takes the one used last,
 //! as Go's transport does, so that the others age out. At most `max` are
 //! kept, each for at most 90 s (Go's transport default). The stack holds
-//! either kind of connection qproxy has to the app: hyper's ([`HyperConn`]) and
-//! its own ([`super::h1::AppConn`]); each says, through [`Pooled`],
-//! whether it is still open.
+//! any kind of connection that says, through [`Pooled`], whether it is
+//! still open: qproxy keeps hyper's connections and its own apart, a
+//! stack of each.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use hyper::client::conn::http1;
 use tokio::time::Instant;
 
-use super::body::RequestBody;
-
 /// How long an idle connection is kept (Go's transport default).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often connections idle for longer are closed.
-const IDLE_SWEEP: Duration = Duration::from_secs(15);
+pub const IDLE_SWEEP: Duration = Duration::from_secs(15);
 
 /// A connection that may wait in [`Idle`].
-pub(crate) trait Pooled {
+pub trait Pooled {
     /// Whether the app has closed it (or it can no longer be used).
     fn is_closed(&self) -> bool;
 }
 
-/// An HTTP/1.1 connection to the app, spoken by hyper.
-#[derive(Debug)]
-pub(crate) struct HyperConn {
-    /// Sends requests on it.
-    pub(crate) sender: http1::SendRequest<RequestBody>,
-    /// Our end, for error texts.
-    pub(crate) local: SocketAddr,
-}
-
-impl Pooled for HyperConn {
-    fn is_closed(&self) -> bool {
-        self.sender.is_closed()
-    }
-}
-
 /// The idle HTTP/1.1 connections, the one used last at the end.
 #[derive(Debug)]
-pub(crate) struct Idle<C> {
+pub struct Idle<C> {
     max: usize,
     conns: Mutex<Vec<(C, Instant)>>,
 }
@@ -54,7 +35,7 @@ pub(crate) struct Idle<C> {
 impl<C: Pooled + Send + 'static> Idle<C> {
     /// Keeps at most `max` connections, each for at most [`IDLE_TIMEOUT`]
     /// (swept every [`IDLE_SWEEP`] when made within a Tokio runtime).
-    pub(crate) fn new(max: usize) -> Arc<Self> {
+    pub fn new(max: usize) -> Arc<Self> {
         let idle = Arc::new(Idle {
             max,
             conns: Mutex::new(Vec::new()),
@@ -64,7 +45,7 @@ impl<C: Pooled + Send + 'static> Idle<C> {
     }
 
     /// The connection used last, if one is open.
-    pub(crate) fn take(&self) -> Option<C> {
+    pub fn take(&self) -> Option<C> {
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some((conn, _)) = conns.pop() {
             if !conn.is_closed() {
@@ -75,7 +56,7 @@ impl<C: Pooled + Send + 'static> Idle<C> {
     }
 
     /// Keeps `conn` for reuse, unless enough are kept already.
-    pub(crate) fn put(&self, conn: C) {
+    pub fn put(&self, conn: C) {
         if conn.is_closed() {
             return;
         }
@@ -114,43 +95,59 @@ impl<C: Pooled + Send + 'static> Idle<C> {
 /// [`Checkin::release`] once the response has been read to its end, closed
 /// if dropped before that.
 #[derive(Debug)]
-pub(crate) struct Checkin {
-    idle: Arc<Idle<HyperConn>>,
-    conn: HyperConn,
+pub struct Checkin<C: Pooled + Send + 'static> {
+    idle: Arc<Idle<C>>,
+    conn: C,
 }
 
-impl Checkin {
+impl<C: Pooled + Send + 'static> Checkin<C> {
     /// `conn`, to be handed back to `idle`.
-    pub(crate) fn new(idle: Arc<Idle<HyperConn>>, conn: HyperConn) -> Self {
+    pub fn new(idle: Arc<Idle<C>>, conn: C) -> Self {
         Checkin { idle, conn }
     }
 
     /// The response was read whole: the connection may serve another.
-    pub(crate) fn release(self) {
+    pub fn release(self) {
         self.idle.put(self.conn);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
+    use hyper::client::conn::http1;
     use hyper_util::rt::TokioIo;
     use tokio::io::DuplexStream;
 
     use super::*;
 
+    /// A hyper HTTP/1.1 client connection, as qproxy pools them; `local`
+    /// tells one apart.
+    struct TestConn {
+        sender: http1::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+        local: SocketAddr,
+    }
+
+    impl Pooled for TestConn {
+        fn is_closed(&self) -> bool {
+            self.sender.is_closed()
+        }
+    }
+
     /// A connection over an in-memory stream, open while the returned task
     /// and stream are; `port` tells it apart.
-    async fn conn(port: u16) -> (HyperConn, (tokio::task::JoinHandle<()>, DuplexStream)) {
+    async fn conn(port: u16) -> (TestConn, (tokio::task::JoinHandle<()>, DuplexStream)) {
         let (ours, theirs) = tokio::io::duplex(64);
         let (sender, connection) = http1::handshake(TokioIo::new(ours)).await.unwrap();
         let task = tokio::spawn(async move {
             let _ = connection.await;
         });
         let local = SocketAddr::from(([127, 0, 0, 1], port));
-        (HyperConn { sender, local }, (task, theirs))
+        (TestConn { sender, local }, (task, theirs))
     }
 
-    fn ports(idle: &Idle<HyperConn>) -> Vec<u16> {
+    fn ports(idle: &Idle<TestConn>) -> Vec<u16> {
         let conns = idle.conns.lock().unwrap();
         conns.iter().map(|(c, _)| c.local.port()).collect()
     }
