@@ -10,23 +10,26 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use qproxy::fuzz::app_answer;
+use qproxy_http1::client::read_answer;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, bytes)) = data.split_first() else {
         return;
     };
     let head = selector & 1 == 1;
-    match app_answer(bytes, head) {
-        Err(text) => assert!(
-            text == "EOF" || text.starts_with("malformed HTTP response: "),
-            "{text}"
-        ),
-        Ok((status, data, _, complete)) => {
-            assert!((100..=999).contains(&status));
-            if head || status == 204 || status == 304 {
-                assert_eq!(data, 0);
-                assert!(complete);
+    match read_answer(bytes, head) {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text == "EOF" || text.starts_with("malformed HTTP response: "),
+                "{text}"
+            );
+        }
+        Ok(answer) => {
+            assert!((100..=999).contains(&answer.status));
+            if head || answer.status == 204 || answer.status == 304 {
+                assert_eq!(answer.data, 0);
+                assert!(answer.complete);
             }
         }
     }

@@ -9,6 +9,7 @@
 //! it saw when hyper spoke for qproxy. The crate names none of qproxy's
 //! own types: the sidecar depends on it, never the other way.
 
+pub mod client;
 pub mod limits;
 pub mod pool;
 pub mod wire;

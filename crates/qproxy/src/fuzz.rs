@@ -45,11 +45,3 @@ pub fn request_log_line<B: http_body::Body>(
     let arrived = log.arrived(req, remote);
     Some(log.render(&arrived, status, size, latency))
 }
-
-/// Reads `bytes`, all an app wrote before closing, as qproxy's own client
-/// reads an answer to a `GET` (or a `HEAD`, when `head`): `Err` with the
-/// `502` text when the head is refused, else the status, the body's data
-/// and trailer counts, and whether the body ended cleanly.
-pub fn app_answer(bytes: &[u8], head: bool) -> Result<(u16, usize, usize, bool), String> {
-    crate::common::h1::read_answer(bytes, head).map(|a| (a.status, a.data, a.trailers, a.complete))
-}

@@ -9,7 +9,6 @@
 pub(crate) mod body;
 pub(crate) mod crypto;
 pub(crate) mod go;
-pub(crate) mod h1;
 pub(crate) mod headers;
 pub(crate) mod outcome;
 pub(crate) mod reply;

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 
 use super::h2c::H2cBody;
 use crate::common::body::ReplyBody;
-use crate::common::h1::{self, AppBody};
+use qproxy_http1::client::{ResponseBody, ResponseBodyError};
 use qproxy_http1::pool::Checkin;
 
 use super::hyper_conn::HyperConn;
@@ -28,7 +28,7 @@ pub(crate) enum ProxyBody {
     Upstream(Incoming, Option<Checkin<HyperConn>>),
     /// Streamed from the user container over a connection qproxy speaks
     /// HTTP/1.1 on itself, which the body hands back at its end.
-    App(AppBody),
+    App(ResponseBody),
     /// Streamed from the user container over h2c, by qproxy's own client.
     H2c(H2cBody),
     /// A body qproxy made itself (error texts, probe answers).
@@ -56,7 +56,7 @@ pub(crate) enum ProxyBodyError {
     Hyper(#[from] hyper::Error),
     /// Read by qproxy's own HTTP/1.1 client.
     #[error(transparent)]
-    App(#[from] h1::BodyError),
+    App(#[from] ResponseBodyError),
     /// Read from an h2c stream of qproxy's own client.
     #[error("error reading a body from connection")]
     H2(#[from] h2::Error),

@@ -6,7 +6,7 @@
 //! connection back when the app's response has been read to its end, so
 //! that the next request, from any client connection, reuses it. Requests
 //! without a body, or with one read whole already, are spoken by qproxy's
-//! own client ([`crate::common::h1`]); those with a body still streaming
+//! own client ([`qproxy_http1::client`]); those with a body still streaming
 //! by hyper's; each kind keeps its own idle connections. At most
 //! `CONTAINER_CONCURRENCY` idle connections of each kind are kept (1000
 //! when unlimited), each for at most 90 s, as Knative's transport does. A
@@ -38,7 +38,7 @@ use tokio::net::TcpStream;
 use super::error::UpstreamError;
 use super::h2c;
 use crate::common::body::RequestBody;
-use crate::common::h1::{self, AppBody, AppConn, ExchangeError};
+use qproxy_http1::client::{self as own, ClientConn, ExchangeError, ResponseBody};
 use qproxy_http1::pool::{Checkin, Idle};
 
 use super::hyper_conn::HyperConn;
@@ -57,7 +57,7 @@ pub(crate) struct Upstream {
     idle: Arc<Idle<HyperConn>>,
     /// Idle connections spoken by qproxy: requests without a body, or with
     /// one whole.
-    idle_own: Arc<Idle<AppConn>>,
+    idle_own: Arc<Idle<ClientConn>>,
     h2c: H2c,
 }
 
@@ -165,8 +165,14 @@ impl Upstream {
             }
         }
         let (tcp, local) = self.dial_keepalive().await?;
-        self.exchange_on(AppConn::new(tcp, local), &head, body, &method, &mut headers)
-            .await
+        self.exchange_on(
+            ClientConn::new(tcp, local),
+            &head,
+            body,
+            &method,
+            &mut headers,
+        )
+        .await
     }
 
     /// Sends `head` and `body` on `conn` and answers with the app's response
@@ -174,17 +180,17 @@ impl Upstream {
     /// connection back.
     async fn exchange_on(
         &self,
-        mut conn: AppConn,
+        mut conn: ClientConn,
         head: &[u8],
         body: Bytes,
         method: &Method,
         headers: &mut HeaderMap,
     ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let parsed = match h1::exchange(&mut conn, head, body, method, headers).await {
+        let parsed = match own::exchange(&mut conn, head, body, method, headers).await {
             Ok(parsed) => parsed,
             Err(err) => return Err(self.exchange_error(err, &conn)),
         };
-        let body = AppBody::new(conn, &parsed, self.idle_own.clone());
+        let body = ResponseBody::new(conn, &parsed, self.idle_own.clone());
         let mut res = Response::new(ProxyBody::App(body));
         *res.status_mut() = parsed.status;
         *res.version_mut() = parsed.version;
@@ -193,7 +199,7 @@ impl Upstream {
     }
 
     /// What failed on `conn`, in Go's transport's words.
-    fn exchange_error(&self, err: ExchangeError, conn: &AppConn) -> UpstreamError {
+    fn exchange_error(&self, err: ExchangeError, conn: &ClientConn) -> UpstreamError {
         match err {
             ExchangeError::Io(source) => UpstreamError::Io {
                 local: Some(conn.local()),
@@ -286,7 +292,7 @@ impl WholeRequest {
     /// `req`, its URI in origin form and its `Host` set.
     pub(crate) fn new(req: Request<RequestBody>) -> Self {
         let mut head = Vec::with_capacity(256);
-        h1::encode(&req, &mut head);
+        own::encode(&req, &mut head);
         let again = replayable(&req);
         let (
             http::request::Parts {

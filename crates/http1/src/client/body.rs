@@ -1,0 +1,365 @@
+//! The response body read from a [`ClientConn`], which hands the
+//! connection back to the pool at its end.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http_body::{Frame, SizeHint};
+
+use super::{Chunk, STACK_HEADERS};
+use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, parse};
+use crate::pool::Idle;
+
+/// The smallest and largest reads of a body: a read that fills the room
+/// it was given doubles the next one.
+const BODY_READ_MIN: usize = 8 * 1024;
+const BODY_READ_MAX: usize = 256 * 1024;
+/// Most bytes a chunk-size line or the trailers of a chunked body may
+/// take before the body is refused.
+const CHUNK_LINE_MAX: usize = 16 * 1024;
+
+/// Why a response body could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum ResponseBodyError {
+    /// The connection failed.
+    #[error("reading the app's response body: {0}")]
+    Io(#[from] io::Error),
+    /// The app closed the connection before the body's end.
+    #[error("the app closed the connection before the response body ended")]
+    Incomplete,
+    /// The chunked body or its trailers are not HTTP.
+    #[error("invalid chunked response body: {0}")]
+    Chunked(&'static str),
+}
+
+/// A response body read from an [`ClientConn`], which goes back to `idle`
+/// once the body has been read to its end, if it may be reused.
+#[derive(Debug)]
+pub struct ResponseBody {
+    /// The connection, until the body has ended.
+    conn: Option<ClientConn>,
+    /// Where the connection goes back, when it may be reused.
+    idle: Option<Arc<Idle<ClientConn>>>,
+    /// Bytes read and not yet passed on.
+    buf: BytesMut,
+    /// `buf`'s memory is small enough to go back with the connection: it
+    /// holds no more than one read of the head's.
+    small: bool,
+    framing: Decoding,
+    /// The room the next read is given.
+    read: usize,
+}
+
+impl ResponseBody {
+    /// The body of `head`, read over `conn` (what came after the head is
+    /// in its buffer); an empty body gives the connection back at once.
+    pub fn new(mut conn: ClientConn, head: &ResponseHead, idle: Arc<Idle<ClientConn>>) -> Self {
+        let buf = std::mem::take(&mut conn.buf);
+        let mut body = ResponseBody {
+            conn: Some(conn),
+            idle: head.keep_alive.then_some(idle),
+            buf,
+            small: head.one_read,
+            framing: head.framing,
+            read: BODY_READ_MIN,
+        };
+        if body.framing == Decoding::Length(0) {
+            body.finish();
+        }
+        body
+    }
+
+    /// The body has ended: its connection goes back when it may be reused
+    /// and nothing came after the body.
+    fn finish(&mut self) {
+        let conn = self.conn.take();
+        if let (Some(mut conn), Some(idle)) = (conn, self.idle.take())
+            && self.buf.is_empty()
+        {
+            if self.small {
+                conn.buf = std::mem::take(&mut self.buf);
+            }
+            idle.put(conn);
+        }
+        self.buf = BytesMut::new();
+        self.framing = Decoding::Length(0);
+    }
+
+    /// The body has ended, and its connection may not serve another.
+    fn close(&mut self) {
+        self.idle = None;
+        self.finish();
+    }
+
+    /// Reads more of the body into `buf`, up to `want` bytes (or what room
+    /// `buf` has past them); `Ok(false)` at the connection's end.
+    fn poll_fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        want: u64,
+    ) -> Poll<Result<bool, ResponseBodyError>> {
+        let Some(conn) = &self.conn else {
+            return Poll::Ready(Ok(false));
+        };
+        let room = usize::try_from(want)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.read);
+        if self.buf.capacity() - self.buf.len() < room {
+            self.buf.reserve(room);
+            self.small = false;
+        }
+        loop {
+            ready!(conn.tcp.poll_read_ready(cx))?;
+            match conn.tcp.try_read_buf(&mut self.buf) {
+                Ok(0) => return Poll::Ready(Ok(false)),
+                Ok(n) => {
+                    if n >= self.read {
+                        self.read = (self.read * 2).min(BODY_READ_MAX);
+                    }
+                    return Poll::Ready(Ok(true));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    /// Up to `max` bytes of data from `buf`.
+    fn data(&mut self, max: u64) -> Bytes {
+        let n = usize::try_from(max)
+            .unwrap_or(usize::MAX)
+            .min(self.buf.len());
+        self.buf.split_to(n).freeze()
+    }
+
+    fn poll_chunked(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+        loop {
+            let Decoding::Chunked(state) = self.framing else {
+                return Poll::Ready(None);
+            };
+            let step = match state {
+                Chunk::Size => match httparse::parse_chunk_size(&self.buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        self.buf.advance(used);
+                        Some(if size == 0 {
+                            Chunk::Trailers
+                        } else {
+                            Chunk::Data(size)
+                        })
+                    }
+                    Ok(httparse::Status::Partial) if self.buf.len() > CHUNK_LINE_MAX => {
+                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
+                            "chunk size line too long",
+                        ))));
+                    }
+                    Ok(httparse::Status::Partial) => None,
+                    Err(_) => {
+                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
+                            "invalid chunk size",
+                        ))));
+                    }
+                },
+                Chunk::Data(left) if !self.buf.is_empty() => {
+                    let data = self.data(left);
+                    let left = left - data.len() as u64;
+                    self.framing = Decoding::Chunked(if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    });
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Chunk::Data(_) => None,
+                Chunk::DataEnd if self.buf.len() >= 2 => {
+                    if &self.buf[..2] != b"\r\n" {
+                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
+                            "no CRLF after chunk data",
+                        ))));
+                    }
+                    self.buf.advance(2);
+                    Some(Chunk::Size)
+                }
+                Chunk::DataEnd => None,
+                Chunk::Trailers => match self.trailers() {
+                    Ok(Some(trailers)) => {
+                        self.finish();
+                        return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
+                    }
+                    Ok(None) if self.buf.len() > CHUNK_LINE_MAX => {
+                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
+                            "trailers too long",
+                        ))));
+                    }
+                    Ok(None) => None,
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                },
+            };
+            match step {
+                Some(next) => self.framing = Decoding::Chunked(next),
+                None => {
+                    // However little the next step needs, what has come
+                    // is read: an event stream's chunk arrives whole.
+                    if !ready!(self.poll_fill(cx, u64::MAX))? {
+                        return Poll::Ready(Some(Err(ResponseBodyError::Incomplete)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The trailers after the last chunk, once all of them are in `buf`:
+    /// `Some(None)` when there are none.
+    fn trailers(&mut self) -> Result<Option<Option<HeaderMap>>, ResponseBodyError> {
+        let mut lines = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        let (used, parsed) = match httparse::parse_headers(&self.buf, &mut lines) {
+            Ok(httparse::Status::Complete((used, parsed))) => (used, parsed),
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(ResponseBodyError::Chunked("invalid trailers")),
+        };
+        let mut trailers = HeaderMap::new();
+        for line in parsed {
+            let name = HeaderName::from_bytes(line.name.as_bytes());
+            let value = HeaderValue::from_bytes(line.value);
+            match (name, value) {
+                (Ok(name), Ok(value)) => {
+                    trailers.append(name, value);
+                }
+                _ => return Err(ResponseBodyError::Chunked("invalid trailers")),
+            }
+        }
+        self.buf.advance(used);
+        Ok(Some((!trailers.is_empty()).then_some(trailers)))
+    }
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = ResponseBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+        let this = self.get_mut();
+        let polled = match this.framing {
+            Decoding::Length(0) => return Poll::Ready(None),
+            Decoding::Length(left) => loop {
+                if !this.buf.is_empty() {
+                    let data = this.data(left);
+                    let left = left - data.len() as u64;
+                    this.framing = Decoding::Length(left);
+                    if left == 0 {
+                        this.finish();
+                    }
+                    break Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                match ready!(this.poll_fill(cx, left)) {
+                    Ok(true) => {}
+                    Ok(false) => break Poll::Ready(Some(Err(ResponseBodyError::Incomplete))),
+                    Err(e) => break Poll::Ready(Some(Err(e))),
+                }
+            },
+            Decoding::Eof => loop {
+                if !this.buf.is_empty() {
+                    let data = this.data(u64::MAX);
+                    break Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                match ready!(this.poll_fill(cx, u64::MAX)) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // The end of a body that lasts until the app closes.
+                        this.close();
+                        break Poll::Ready(None);
+                    }
+                    Err(e) => break Poll::Ready(Some(Err(e))),
+                }
+            },
+            Decoding::Chunked(_) => this.poll_chunked(cx),
+        };
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            // A body that failed ends here; its connection is closed.
+            this.close();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing == Decoding::Length(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Decoding::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// What [`read_answer`] made of an app's answer.
+#[derive(Debug)]
+pub struct AppAnswer {
+    /// The final head's status.
+    pub status: u16,
+    /// Bytes of body data read.
+    pub data: usize,
+    /// Trailer fields read.
+    pub trailers: usize,
+    /// Whether the body was read to its end, without a failure.
+    pub complete: bool,
+}
+
+/// Reads `bytes`, all an app wrote before closing, as the answer to a
+/// request (`HEAD` when `head`), as the main port reads one: its head,
+/// then its body to the end or the first failure. `Err` when the head is
+/// refused, with the words the main port's `502` gives. Made for the fuzz
+/// target `app_answer`: it runs the body's reading without a socket.
+pub fn read_answer(bytes: &[u8], head: bool) -> Result<AppAnswer, ExchangeError> {
+    use http_body::Body as _;
+
+    let method = if head { Method::HEAD } else { Method::GET };
+    let mut buf = BytesMut::from(bytes);
+    let parsed = loop {
+        match parse(&mut buf, &method, &mut HeaderMap::new())? {
+            ResponseParse::Final(parsed) => break parsed,
+            ResponseParse::Informational => {}
+            ResponseParse::Partial => return Err(ExchangeError::Closed),
+        }
+    };
+    let mut body = ResponseBody {
+        conn: None,
+        idle: None,
+        buf,
+        small: false,
+        framing: parsed.framing,
+        read: BODY_READ_MIN,
+    };
+    let mut answer = AppAnswer {
+        status: parsed.status.as_u16(),
+        data: 0,
+        trailers: 0,
+        complete: false,
+    };
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => answer.data += data.len(),
+                Err(frame) => answer.trailers += frame.into_trailers().map_or(0, |t| t.len()),
+            },
+            Poll::Ready(None) => {
+                answer.complete = true;
+                return Ok(answer);
+            }
+            // Without a connection, a body that needs more fails: nothing
+            // waits.
+            Poll::Ready(Some(Err(_))) | Poll::Pending => return Ok(answer),
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! A connection to the app that qproxy speaks HTTP/1.1 on itself.
+
+use std::io;
+use std::net::SocketAddr;
+
+use bytes::BytesMut;
+use tokio::net::TcpStream;
+
+use crate::pool::Pooled;
+
+/// An HTTP/1.1 connection to the app that qproxy speaks itself. It lives
+/// on the heap, made once per connection, so that the request's future and
+/// the response's body, which hold it in turn, move a pointer with every
+/// move rather than the whole of it.
+#[derive(Debug)]
+pub struct ClientConn(pub(crate) Box<ClientLink>);
+
+/// What an [`ClientConn`] holds.
+#[derive(Debug)]
+pub struct ClientLink {
+    pub(crate) tcp: TcpStream,
+    /// Our end, for error texts.
+    pub(crate) local: SocketAddr,
+    /// Where the next response is read: empty, and, once the connection
+    /// has served a response whose head and body came in one read, that
+    /// read's memory, used again when nothing holds it any more.
+    pub(crate) buf: BytesMut,
+}
+
+impl std::ops::Deref for ClientConn {
+    type Target = ClientLink;
+
+    fn deref(&self) -> &ClientLink {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ClientConn {
+    fn deref_mut(&mut self) -> &mut ClientLink {
+        &mut self.0
+    }
+}
+
+impl ClientConn {
+    /// A connection just made, whose end is `local`.
+    pub fn new(tcp: TcpStream, local: SocketAddr) -> Self {
+        Self(Box::new(ClientLink {
+            tcp,
+            local,
+            buf: BytesMut::new(),
+        }))
+    }
+
+    /// Our end of it.
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Pooled for ClientConn {
+    /// An idle connection the app has closed (or written to unasked) reads
+    /// something; an open one would block. Costs no system call unless the
+    /// socket turned readable since it was last read dry.
+    fn is_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.tcp.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
