@@ -12,4 +12,8 @@
 pub mod client;
 pub mod limits;
 pub mod pool;
+pub mod server;
 pub mod wire;
+
+/// A type-erased error, as hyper takes from bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

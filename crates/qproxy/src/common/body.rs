@@ -4,13 +4,12 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+use qproxy_http1::server::{MakeBody, WholeBody};
 use tokio::sync::mpsc;
 
 /// A type-erased error, as hyper takes from bodies.
@@ -80,6 +79,16 @@ impl RequestBody {
     }
 }
 
+impl MakeBody for RequestBody {
+    fn empty() -> Self {
+        RequestBody::Empty
+    }
+
+    fn whole(body: WholeBody) -> Self {
+        RequestBody::Full(body)
+    }
+}
+
 impl http_body::Body for RequestBody {
     type Data = Bytes;
     type Error = hyper::Error;
@@ -105,7 +114,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.is_end_stream(),
             RequestBody::Empty => true,
-            RequestBody::Full(body) => body.data.is_empty(),
+            RequestBody::Full(body) => body.is_empty(),
             RequestBody::Tunnel(_) => false,
         }
     }
@@ -114,56 +123,9 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.size_hint(),
             RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Full(body) => SizeHint::with_exact(body.data.len() as u64),
+            RequestBody::Full(body) => SizeHint::with_exact(body.len() as u64),
             RequestBody::Tunnel(_) => SizeHint::default(),
         }
-    }
-}
-
-/// A request body read whole by qproxy's own HTTP/1.1 server, which
-/// learns through [`BodyRead`] once the stack has read it (or let it go),
-/// as Go's server and hyper's learn it when a body is read to its end: only
-/// then do they watch the client for a hang-up.
-#[derive(Debug)]
-pub(crate) struct WholeBody {
-    data: Bytes,
-    read: Arc<AtomicBool>,
-}
-
-/// Whether a [`WholeBody`] has been read.
-#[derive(Debug)]
-pub(crate) struct BodyRead(Arc<AtomicBool>);
-
-impl WholeBody {
-    /// `data`, and what tells when it has been read.
-    pub(crate) fn new(data: Bytes) -> (Self, BodyRead) {
-        let read = Arc::new(AtomicBool::new(false));
-        (
-            Self {
-                data,
-                read: read.clone(),
-            },
-            BodyRead(read),
-        )
-    }
-
-    /// The body's bytes, taken: it has been read.
-    pub(crate) fn take(&mut self) -> Bytes {
-        self.read.store(true, Ordering::Release);
-        std::mem::take(&mut self.data)
-    }
-}
-
-impl Drop for WholeBody {
-    fn drop(&mut self) {
-        self.read.store(true, Ordering::Release);
-    }
-}
-
-impl BodyRead {
-    /// The body has been read, or let go of.
-    pub(crate) fn is_read(&self) -> bool {
-        self.0.load(Ordering::Acquire)
     }
 }
 

@@ -431,7 +431,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::common::body::WholeBody;
+    use qproxy_http1::server::WholeBody;
 
     /// Responses read one after another over one kept connection (into
     /// the memory it keeps, when nothing holds it) stay whole: those

@@ -4,7 +4,7 @@
 //! TLS port, its handshake (bounded as a request head is), then is told
 //! HTTP/1.1 from HTTP/2 by its first bytes on the main port and the TLS
 //! port (whatever ALPN said, as Knative's h2c wrapper does). There,
-//! HTTP/1.1 is served by qproxy's own server ([`super::h1`]) until a
+//! HTTP/1.1 is served by qproxy's own server ([`qproxy_http1::server`]) until a
 //! request needs hyper, which then serves the connection; HTTP/2 is
 //! hyper's. The small servers speak HTTP/1.1 only, through hyper, but for
 //! the admin port over TLS, which speaks HTTP/2 too, as Go's TLS servers
@@ -32,15 +32,14 @@ use tokio_rustls::TlsAcceptor;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 use super::Listener;
-use super::h1;
 use super::head::{
     H2_PREFACE, HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head,
 };
-use super::rewind::Rewind;
 use crate::common::body::{BoxError, RequestBody};
 use crate::common::{Accepted, Endpoint};
 use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use qproxy_http1::server::{self as own, Lifecycle, Rewind};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
@@ -55,7 +54,7 @@ const ACCEPTED_KEEPALIVE: Duration = Duration::from_secs(15);
 /// connection's task holds only the one it speaks.
 #[derive(Clone, Debug)]
 pub(crate) struct Protocols {
-    /// Requests that qproxy's own server takes ([`super::h1`]) are served
+    /// Requests that qproxy's own server takes ([`qproxy_http1::server`]) are served
     /// by it; hyper's HTTP/1.1 takes the rest.
     own_http1: bool,
     http1: http1::Builder,
@@ -292,6 +291,31 @@ where
     }
 }
 
+/// What qproxy's own HTTP/1.1 server ([`qproxy_http1::server`]) needs of
+/// a connection: its head clock, and the graceful shutdown's watcher.
+struct ConnLifecycle<'a> {
+    clock: &'a HeadClock,
+    watcher: &'a Watcher,
+}
+
+impl Lifecycle for ConnLifecycle<'_> {
+    fn head_timeout(&self) -> Duration {
+        self.clock.timeout()
+    }
+
+    fn first_head_read(&self) {
+        self.clock.first_read();
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.watcher.is_stopping()
+    }
+
+    fn stopping(&self) -> impl Future<Output = ()> {
+        self.watcher.stopping()
+    }
+}
+
 /// Serves one accepted connection, accepted when `clock` was made, until
 /// it ends, its first request head does not come in time, or a graceful
 /// shutdown ends it.
@@ -323,10 +347,14 @@ pub(super) async fn connection<IO, S, B>(
         if h2.is_none() && builder.own_http1 {
             // Boxed once the first head is in: a connection that sends
             // nothing does not carry a request's room.
-            let served = Box::pin(h1::serve(&mut io, ahead, &clock, &mut service, &watcher));
+            let conn = ConnLifecycle {
+                clock: &clock,
+                watcher: &watcher,
+            };
+            let served = Box::pin(own::serve(&mut io, ahead, &conn, &mut service));
             match served.await {
-                h1::Served::Closed => return,
-                h1::Served::HandOff(rest) => ahead = rest,
+                own::Served::Closed => return,
+                own::Served::HandOff(rest) => ahead = rest,
             }
         }
         // hyper reads heads of any length up to its buffer's: those longer

@@ -16,7 +16,7 @@
 //!   connection's task races [`first_head`], a deadline [`HEAD_TIMEOUT`]
 //!   after accept (on current Knative's metrics port,
 //!   [`CURRENT_METRICS_HEAD_TIMEOUT`]);
-//! - for every later head qproxy's own server ([`super::h1`]) reads, a
+//! - for every later head qproxy's own server ([`qproxy_http1::server`]) reads, a
 //!   deadline from the head's first bytes;
 //! - for every later head hyper reads, its header timeout runs on a [`HeadTimer`],
 //!   whose sleeps start counting only once [`Watched`], the connection's
@@ -45,7 +45,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use super::rewind::Rewind;
+use qproxy_http1::server::Rewind;
 
 /// How long a request head may take to arrive: the `ReadHeaderTimeout` of
 /// one minute Knative gives the queue-proxy's servers
@@ -142,7 +142,7 @@ impl HeadClock {
     }
 
     /// Notes that the connection's first head has been read, by qproxy's
-    /// own server ([`super::h1`]).
+    /// own server ([`qproxy_http1::server`]).
     pub(super) fn first_read(&self) {
         self.first_done.store(true, Ordering::Relaxed);
     }

@@ -11,10 +11,8 @@
 mod conn;
 mod error;
 mod graceful;
-mod h1;
 mod head;
 mod listener;
-mod rewind;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,7 +1,8 @@
 //! A connection some of whose first bytes were read already, and are
 //! given back before the rest: a TLS port's first bytes, read to tell
 //! plain HTTP from TLS, and any port's first request head, read ahead of
-//! hyper ([`super::head::Watched`]).
+//! hyper, or the bytes [`serve`](super::serve) read before it handed a
+//! connection to hyper.
 
 use std::io;
 use std::pin::Pin;
@@ -12,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// `inner`, whose first bytes, read already, are read again from `ahead`.
 #[derive(Debug)]
-pub(crate) struct Rewind<IO> {
+pub struct Rewind<IO> {
     /// What is left to read again; its buffer is freed once it all is.
     ahead: Bytes,
     inner: IO,
@@ -20,7 +21,7 @@ pub(crate) struct Rewind<IO> {
 
 impl<IO> Rewind<IO> {
     /// `inner`, with `ahead` before it.
-    pub(super) fn new(inner: IO, ahead: Bytes) -> Self {
+    pub fn new(inner: IO, ahead: Bytes) -> Self {
         Self { ahead, inner }
     }
 }

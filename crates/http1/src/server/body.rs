@@ -1,0 +1,73 @@
+//! The request bodies [`serve`](super::serve) reads whole, and how the
+//! connection's owner makes its own request body type from them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+
+/// The request body type of the service behind [`serve`](super::serve):
+/// the owner's own, made from what the server read.
+pub trait MakeBody {
+    /// A request without a body.
+    fn empty() -> Self;
+    /// A request whose body was read whole with its head.
+    fn whole(body: WholeBody) -> Self;
+}
+
+/// A request body read whole by qproxy's own HTTP/1.1 server, which
+/// learns through [`BodyRead`] once the stack has read it (or let it go),
+/// as Go's server and hyper's learn it when a body is read to its end: only
+/// then do they watch the client for a hang-up.
+#[derive(Debug)]
+pub struct WholeBody {
+    data: Bytes,
+    read: Arc<AtomicBool>,
+}
+
+/// Whether a [`WholeBody`] has been read.
+#[derive(Debug)]
+pub struct BodyRead(Arc<AtomicBool>);
+
+impl WholeBody {
+    /// `data`, and what tells when it has been read.
+    pub fn new(data: Bytes) -> (Self, BodyRead) {
+        let read = Arc::new(AtomicBool::new(false));
+        (
+            Self {
+                data,
+                read: read.clone(),
+            },
+            BodyRead(read),
+        )
+    }
+
+    /// How many bytes are left to take.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether no bytes are left to take.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The body's bytes, taken: it has been read.
+    pub fn take(&mut self) -> Bytes {
+        self.read.store(true, Ordering::Release);
+        std::mem::take(&mut self.data)
+    }
+}
+
+impl Drop for WholeBody {
+    fn drop(&mut self) {
+        self.read.store(true, Ordering::Release);
+    }
+}
+
+impl BodyRead {
+    /// The body has been read, or let go of.
+    pub fn is_read(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,513 @@
+//! qproxy's HTTP/1.1 server against hyper's: the same bytes sent to a
+//! connection served each way must reach the service as the same requests
+//! and come back as the same bytes (but for the `Date`).
+//!
+//! Served "each way" is as qproxy serves its main port: this crate's
+//! [`serve`] until it hands the connection to hyper, and hyper from then on
+//! with the bytes read so far; or hyper alone.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
+use http_body::{Body as _, Frame};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use qproxy_http1::server::MAX_BODY;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::service_fn;
+
+use support::{TestBody, spawn_connection};
+
+type AnswerBody = BoxBody<Bytes, Infallible>;
+type MakeResponse = fn() -> Response<AnswerBody>;
+
+/// What the service saw of a request.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body's length as the service was told it.
+    length: Option<u64>,
+    body: Bytes,
+}
+
+/// How the test service treats a request's body.
+#[derive(Debug, Clone, Copy)]
+enum Reading {
+    /// Reads it whole, then answers.
+    First,
+    /// Reads it whole, then waits half a second (paused time) to answer.
+    ThenWait,
+    /// Waits half a second, then answers without reading it.
+    Never,
+}
+
+/// Sends `sent` to a main-port connection served by qproxy's server
+/// (`own`) or by hyper alone, whose service answers every request
+/// with `answer`, treating bodies as `reading` says; closes the
+/// client's end after it when `hang_up`.
+/// Returns what came back until the connection closed or went quiet,
+/// with each `Date` masked, and the requests the service saw.
+async fn run_with(
+    own: bool,
+    sent: &[u8],
+    answer: MakeResponse,
+    hang_up: bool,
+    reading: Reading,
+) -> (String, Vec<Seen>) {
+    let (mut client, server) = tokio::io::duplex(1 << 18);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let service = service_fn(move |req: Request<TestBody>| {
+        let record = record.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let length = body.size_hint().exact();
+            let body = match reading {
+                Reading::Never => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Bytes::new()
+                }
+                Reading::First | Reading::ThenWait => body
+                    .collect()
+                    .await
+                    .map(|c| c.to_bytes())
+                    .unwrap_or_default(),
+            };
+            if let Reading::ThenWait = reading {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            record.lock().unwrap().push(Seen {
+                method: parts.method,
+                uri: parts.uri,
+                version: parts.version,
+                headers: parts
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect(),
+                length,
+                body,
+            });
+            Ok::<_, Infallible>(answer())
+        }
+    });
+    spawn_connection(server, own, service);
+    client.write_all(sent).await.unwrap();
+    if hang_up {
+        client.shutdown().await.unwrap();
+    }
+    let mut got = Vec::new();
+    let mut buf = [0; 4096];
+    // Time is paused: the timeout fires once nothing else can happen.
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), client.read(&mut buf)).await
+        && n > 0
+    {
+        got.extend_from_slice(&buf[..n]);
+    }
+    let got = String::from_utf8_lossy(&got)
+        .split("\r\n")
+        .map(|line| {
+            if line.starts_with("Date: ") {
+                "Date: *"
+            } else {
+                line
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    (got, seen)
+}
+
+/// Runs `sent` both ways and checks that they agree; returns what
+/// came back.
+async fn same(sent: &[u8], answer: MakeResponse, hang_up: bool) -> String {
+    same_with(sent, answer, hang_up, Reading::First).await
+}
+
+/// [`same`], the service treating bodies as `reading` says.
+async fn same_with(sent: &[u8], answer: MakeResponse, hang_up: bool, reading: Reading) -> String {
+    let (ours, ours_seen) = run_with(true, sent, answer, hang_up, reading).await;
+    let (hyper, hyper_seen) = run_with(false, sent, answer, hang_up, reading).await;
+    assert_eq!(
+        ours,
+        hyper,
+        "answers to {:?}",
+        String::from_utf8_lossy(sent)
+    );
+    assert_eq!(
+        ours_seen,
+        hyper_seen,
+        "requests of {:?}",
+        String::from_utf8_lossy(sent)
+    );
+    ours
+}
+
+fn body(b: impl Into<Full<Bytes>>) -> AnswerBody {
+    b.into().boxed()
+}
+
+/// A body of unknown length: these frames.
+fn streamed(frames: Vec<Frame<Bytes>>) -> AnswerBody {
+    StreamBody::new(futures_util::stream::iter(frames.into_iter().map(Ok))).boxed()
+}
+
+fn with(
+    status: u16,
+    headers: &[(&'static str, &'static str)],
+    b: AnswerBody,
+) -> Response<AnswerBody> {
+    let mut res = Response::new(b);
+    *res.status_mut() = StatusCode::from_u16(status).unwrap();
+    for (name, value) in headers {
+        res.headers_mut()
+            .append(*name, HeaderValue::from_static(value));
+    }
+    res
+}
+
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+
+const ANSWERS: &[(&str, MakeResponse)] = &[
+    ("empty", || Response::new(Empty::new().boxed())),
+    ("sized", || {
+        with(200, &[("content-type", "text/plain")], body("hello"))
+    }),
+    ("sized, with its length", || {
+        with(200, &[("content-length", "5")], body("hello"))
+    }),
+    ("not found", || with(404, &[], body("nope"))),
+    ("no content, with a length", || {
+        with(204, &[("content-length", "0")], Empty::new().boxed())
+    }),
+    ("not modified, with a body", || with(304, &[], body("x"))),
+    ("streamed", || {
+        with(
+            200,
+            &[],
+            streamed(vec![Frame::data("he".into()), Frame::data("llo".into())]),
+        )
+    }),
+    ("streamed, with a length", || {
+        with(
+            200,
+            &[("content-length", "5")],
+            streamed(vec![Frame::data("hello".into())]),
+        )
+    }),
+    ("streamed, short of its length", || {
+        with(
+            200,
+            &[("content-length", "9")],
+            streamed(vec![Frame::data("hello".into())]),
+        )
+    }),
+    ("closing", || {
+        with(200, &[("connection", "close")], body("bye"))
+    }),
+    ("coded", || {
+        with(
+            200,
+            &[("transfer-encoding", "gzip")],
+            streamed(vec![Frame::data("z".into())]),
+        )
+    }),
+    ("trailers", || {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-t", HeaderValue::from_static("1"));
+        with(
+            200,
+            &[("trailer", "x-t")],
+            streamed(vec![Frame::data("a".into()), Frame::trailers(trailers)]),
+        )
+    }),
+    ("a reason of its own", || {
+        let mut res = with(200, &[], body("a"));
+        res.extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b"Fine"));
+        res
+    }),
+    ("no standard reason", || with(299, &[], body("a"))),
+    ("HTTP/1.0", || {
+        let mut res = with(200, &[], body("a"));
+        *res.version_mut() = Version::HTTP_10;
+        res
+    }),
+    ("repeated fields", || {
+        with(
+            200,
+            &[
+                ("set-cookie", "a=1"),
+                ("x-a", "1"),
+                ("set-cookie", "b=2"),
+                ("connection", "keep-alive"),
+                ("connection", "x-a"),
+            ],
+            body("a"),
+        )
+    }),
+    ("dated", || {
+        with(200, &[("date", "Tue, 01 Jan 2030 00:00:00 GMT")], body("a"))
+    }),
+    ("informational", || with(100, &[], Empty::new().boxed())),
+];
+
+#[tokio::test(start_paused = true)]
+async fn every_response_is_written_as_hyper_writes_it() {
+    for (name, answer) in ANSWERS {
+        for request in [
+            GET,
+            b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        ] {
+            let got = same(request, *answer, false).await;
+            // A body short of its length: hyper closes, writing nothing.
+            let short = name.contains("short") && !request.starts_with(b"HEAD");
+            assert_eq!(got.starts_with("HTTP/1."), !short, "{name}: {got:?}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_request_reaches_the_service_as_hyper_reads_it() {
+    let requests: &[&[u8]] = &[
+        b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nX-M: 1\r\nX-M: 2\r\nAccept: */*\r\n\r\n",
+        b"GET http://example.com/x HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET / HTTP/1.1\nHost: a\n\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \xe9t\xe9\r\nX-Empty:\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n",
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+        b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        // Pipelined: served here, then by hyper from the request with
+        // a body on.
+        b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nPOST /3 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /4 HTTP/1.1\r\nHost: a\r\n\r\n",
+        // A head split across the pipelined bytes.
+        b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHo",
+        // Bodies that came whole, served here, then what follows.
+        b"POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+        b"POST /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiPUT /2 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nyouGET /3 HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: close\r\n\r\nxGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 00003\r\n\r\nabc",
+        // Bodies for hyper: still coming, a length said twice or not
+        // in digits, `Expect`, one over the size served here.
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nhello",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +2\r\n\r\nhi",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 2\r\n\r\nhi",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\nhi",
+        b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+    ];
+    for request in requests {
+        same(request, ANSWERS[1].1, false).await;
+    }
+}
+
+/// Bodies larger than one read, and than the size served here, reach
+/// the service as with hyper.
+#[tokio::test(start_paused = true)]
+async fn larger_bodies_reach_the_service_as_hyper_reads_them() {
+    for size in [3_000, 5_000, MAX_BODY, MAX_BODY + 1] {
+        let mut sent =
+            format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+        sent.resize(sent.len() + size, b'b');
+        sent.extend_from_slice(GET);
+        same(&sent, ANSWERS[1].1, false).await;
+    }
+}
+
+/// A body larger than one read, sent at once, is read whole and
+/// served here; a larger one than [`MAX_BODY`] is streamed by hyper.
+#[tokio::test]
+async fn a_body_sent_at_once_is_read_whole() {
+    for (size, whole) in [(20_000, true), (MAX_BODY, true), (MAX_BODY + 1, false)] {
+        let (mut client, server) = tokio::io::duplex(4 * MAX_BODY);
+        let service = service_fn(move |req: Request<TestBody>| async move {
+            let served = matches!(req.body(), TestBody::Whole(_));
+            let got = req.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(got.len(), size);
+            assert_eq!(served, whole, "a body of {size} bytes served here");
+            Ok::<_, Infallible>(with(200, &[], body("ok")))
+        });
+        let served = spawn_connection(server, true, service);
+        let mut sent = format!(
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+        )
+        .into_bytes();
+        sent.resize(sent.len() + size, b'b');
+        client.write_all(&sent).await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert!(
+            got.ends_with(b"\r\n\r\nok"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        served.await.unwrap();
+    }
+}
+
+/// A client that hangs up after its body abandons its request once the body
+/// has been read (or let go of), as with Go's server, whose watch for a
+/// hang-up starts when a body is read to its end: not while the request
+/// waits (as in the breaker's queue) with its body unread. (hyper's server
+/// watches once it has read a body that fits one read itself, whoever reads
+/// it.)
+#[tokio::test(start_paused = true)]
+async fn a_hang_up_after_a_body_counts_once_the_body_is_read() {
+    let sent = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello";
+    // The service ran to its end: the request was not abandoned while
+    // its body waited unread (its answer then finds the client gone).
+    let (_, seen) = run_with(true, sent, ANSWERS[1].1, true, Reading::Never).await;
+    assert_eq!(seen.len(), 1);
+    let abandoned = same_with(sent, ANSWERS[1].1, true, Reading::ThenWait).await;
+    assert_eq!(abandoned, "");
+}
+
+/// A body the service never reads leaves the connection open for the
+/// next request, as Go's server leaves it (it reads up to 256 KiB of
+/// an unread body to keep the connection); hyper's closes when one
+/// more read does not finish the body.
+#[tokio::test(start_paused = true)]
+async fn a_body_left_unread_keeps_the_connection_as_go_does() {
+    let mut sent =
+        format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {MAX_BODY}\r\n\r\n").into_bytes();
+    sent.resize(sent.len() + MAX_BODY, b'b');
+    sent.extend_from_slice(GET);
+    let (got, seen) = run_with(true, &sent, ANSWERS[1].1, false, Reading::Never).await;
+    assert_eq!(got.matches("HTTP/1.1 200 OK").count(), 2, "{got:?}");
+    assert_eq!(seen.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_hangs_up_abandons_its_request_as_with_hyper() {
+    let got = same(GET, ANSWERS[1].1, true).await;
+    assert_eq!(got, "");
+}
+
+/// A service that reads the request's body and answers in the same
+/// wake-up, with a body that sends a frame and then waits: a client
+/// that hangs up then is noticed, and the body let go of.
+#[tokio::test(start_paused = true)]
+async fn a_hang_up_while_a_streamed_answer_waits_ends_it() {
+    use futures_util::StreamExt;
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    let (held, mut released) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(Mutex::new(Some(held)));
+    let service = service_fn(move |req: Request<TestBody>| {
+        let held = held.lock().unwrap().take();
+        async move {
+            let _ = req.into_body().collect().await;
+            let waits = futures_util::stream::poll_fn(move |_| {
+                let _held = &held;
+                Poll::<Option<Result<Frame<Bytes>, Infallible>>>::Pending
+            });
+            let frames = futures_util::stream::iter([Ok(Frame::data(Bytes::from("a")))]);
+            Ok::<_, Infallible>(with(
+                200,
+                &[],
+                BodyExt::boxed(StreamBody::new(frames.chain(waits))),
+            ))
+        }
+    });
+    spawn_connection(server, true, service);
+    client
+        .write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0; 1024];
+    while !got.ends_with(b"\r\n1\r\na\r\n") {
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(released.try_recv().is_err(), "the body is still held");
+    client.shutdown().await.unwrap();
+    // Time is paused: the hour passes at once if nothing else can happen.
+    let noticed = tokio::time::timeout(Duration::from_secs(3600), released).await;
+    assert!(noticed.is_ok(), "the hang-up went unnoticed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_streamed_body_arrives_whole() {
+    fn large() -> Response<AnswerBody> {
+        let frames = (0..8u8)
+            .map(|i| Frame::data(Bytes::from(vec![b'a' + i; 40_000])))
+            .collect();
+        with(200, &[], streamed(frames))
+    }
+    let got = same(GET, large, false).await;
+    assert!(got.ends_with("\r\n0\r\n\r\n"));
+}
+
+/// Heads read one after another into the memory a connection keeps
+/// (a head its own size, then smaller, larger, over the limit kept)
+/// reach the service whole, whether it lets go of each request or
+/// holds on to all of them.
+#[tokio::test(start_paused = true)]
+async fn heads_read_into_kept_memory_arrive_whole() {
+    for hold in [false, true] {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let (record, keep) = (seen.clone(), held.clone());
+        let service = service_fn(move |req: Request<TestBody>| {
+            let mut line = format!("{} {}", req.method(), req.uri());
+            for (name, value) in req.headers() {
+                line += &format!(" {name}={}", value.to_str().unwrap_or("?"));
+            }
+            record.lock().unwrap().push(line);
+            if hold {
+                keep.lock().unwrap().push(req);
+            }
+            async { Ok::<_, Infallible>(with(200, &[], body("ok"))) }
+        });
+        spawn_connection(server, true, service);
+        let mut expected = Vec::new();
+        for (i, pad) in [10, 300, 40, 1_500, 3_000, 20, 900].into_iter().enumerate() {
+            let value = char::from(b'a' + i as u8).to_string().repeat(pad);
+            client
+                .write_all(
+                    format!("GET /{i} HTTP/1.1\r\nHost: h{i}\r\nX-Pad: {value}\r\n\r\n").as_bytes(),
+                )
+                .await
+                .unwrap();
+            expected.push(format!("GET /{i} host=h{i} x-pad={value}"));
+            // The whole response, before the next request.
+            let mut got = Vec::new();
+            let mut buf = [0; 1024];
+            while !got.ends_with(b"\r\n\r\nok") {
+                let n = client.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed");
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        assert_eq!(*seen.lock().unwrap(), expected, "holding requests: {hold}");
+        for (req, line) in held.lock().unwrap().iter().zip(&expected) {
+            assert!(line.starts_with(&format!("GET {}", req.uri())));
+        }
+    }
+}

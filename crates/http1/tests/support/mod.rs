@@ -1,0 +1,142 @@
+//! A connection served as qproxy serves its main port's HTTP/1.1: this
+//! crate's server first, hyper after a hand-off; or hyper alone.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use qproxy_http1::BoxError;
+use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use qproxy_http1::server::{self, Lifecycle, MakeBody, Rewind, Served, WholeBody};
+use tokio::io::DuplexStream;
+use tower::{Service, ServiceExt};
+
+/// The request body a test service is given: none, one read whole by this
+/// crate's server, or hyper's.
+#[derive(Debug)]
+pub(crate) enum TestBody {
+    Empty,
+    Whole(WholeBody),
+    Streamed(Incoming),
+}
+
+impl MakeBody for TestBody {
+    fn empty() -> Self {
+        TestBody::Empty
+    }
+
+    fn whole(body: WholeBody) -> Self {
+        TestBody::Whole(body)
+    }
+}
+
+impl http_body::Body for TestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            TestBody::Empty => Poll::Ready(None),
+            TestBody::Whole(body) => {
+                let data = body.take();
+                Poll::Ready((!data.is_empty()).then(|| Ok(Frame::data(data))))
+            }
+            TestBody::Streamed(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            TestBody::Empty => true,
+            TestBody::Whole(body) => body.is_empty(),
+            TestBody::Streamed(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            TestBody::Empty => SizeHint::with_exact(0),
+            TestBody::Whole(body) => SizeHint::with_exact(body.len() as u64),
+            TestBody::Streamed(body) => body.size_hint(),
+        }
+    }
+}
+
+/// A connection with a minute per head that is never asked to stop.
+struct TestLifecycle;
+
+impl Lifecycle for TestLifecycle {
+    fn head_timeout(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+
+    fn first_head_read(&self) {}
+
+    fn is_stopping(&self) -> bool {
+        false
+    }
+
+    fn stopping(&self) -> impl Future<Output = ()> {
+        std::future::pending()
+    }
+}
+
+/// Serves `io` with `service`: by this crate's server until it hands the
+/// connection over, then by hyper set as qproxy's main port sets it (when
+/// `own`); by hyper alone otherwise.
+pub(crate) fn spawn_connection<S, B>(
+    io: DuplexStream,
+    own: bool,
+    service: S,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Service<Request<TestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    tokio::spawn(async move {
+        let mut io = io;
+        let mut service = service;
+        let mut ahead = Bytes::new();
+        if own {
+            match server::serve(&mut io, Bytes::new(), &TestLifecycle, &mut service).await {
+                Served::Closed => return,
+                Served::HandOff(rest) => ahead = rest,
+            }
+        }
+        let service = service.map_request(|req: Request<Incoming>| {
+            req.map(|body| {
+                if http_body::Body::is_end_stream(&body) {
+                    TestBody::Empty
+                } else {
+                    TestBody::Streamed(body)
+                }
+            })
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .title_case_headers(true)
+            .max_buf_size(MAX_HEADER_BYTES)
+            .max_headers(MAX_HEADER_FIELDS)
+            .serve_connection(
+                TokioIo::new(Rewind::new(io, ahead)),
+                TowerToHyperService::new(service),
+            )
+            .with_upgrades()
+            .await;
+    })
+}
