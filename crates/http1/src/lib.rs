@@ -1,13 +1,23 @@
-//! qproxy's HTTP/1.1, in one place: how it reads and writes the protocol
-//! on the wire, shared by the server it runs for its clients and the
-//! client it runs to the app.
+//! qproxy's HTTP/1.1, in one place: how it reads and writes the protocol,
+//! as the server its clients talk to and as the client of the app.
 //!
-//! Shaped like hyper's `proto/h1`: [`wire`] holds the rules both roles
-//! follow (header tokens, `Content-Length`, title-cased names, reads into
-//! a buffer, the `Date` header), and [`limits`] the sizes both refuse
-//! beyond; [`pool`] keeps the app's connections alive between requests. The rules are hyper's, so what a client or the app sees is what
-//! it saw when hyper spoke for qproxy. The crate names none of qproxy's
-//! own types: the sidecar depends on it, never the other way.
+//! Shaped like hyper's `proto/h1`, one codec with two roles:
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`wire`] | the rules both roles follow: header tokens, `Content-Length`, title-cased names, reads onto a buffer, the `Date` header |
+//! | [`limits`] | the sizes a head may reach |
+//! | [`server`] | the server role: a request head read and served, its response written, the hand-off to hyper for what it does not take |
+//! | [`client`] | the client role: a request written to the app, its response head and body read |
+//! | [`pool`] | the app's connections kept alive between requests |
+//!
+//! The rules are hyper's, so what a client or the app sees is what it saw
+//! when hyper spoke for qproxy; `tests/server_vs_hyper.rs` compares the
+//! two byte for byte. The crate names none of qproxy's own types: the
+//! server is generic over the request body ([`server::MakeBody`]) and over
+//! what the connection's owner decides ([`server::Lifecycle`]), the client
+//! over the request body, the pool over the connection. The sidecar
+//! depends on it, never the other way.
 
 pub mod client;
 pub mod limits;

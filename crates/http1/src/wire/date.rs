@@ -9,7 +9,7 @@ thread_local! {
 }
 
 /// Appends the time now as an HTTP date, formatted once a second.
-pub fn http_date(dst: &mut Vec<u8>) {
+pub(crate) fn http_date(dst: &mut Vec<u8>) {
     let now = SystemTime::now();
     let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     DATE_NOW.with(|cached| {

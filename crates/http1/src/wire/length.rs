@@ -21,7 +21,7 @@ pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InvalidLength>
 
 /// Reads one `Content-Length` value into `length`, the one its values
 /// before it declared.
-pub fn add_length(length: &mut Option<u64>, value: &HeaderValue) -> Result<(), InvalidLength> {
+pub(crate) fn add_length(length: &mut Option<u64>, value: &HeaderValue) -> Result<(), InvalidLength> {
     let mut add = |n: u64| {
         if length.is_some_and(|l| l != n) {
             return Err(InvalidLength);
@@ -43,7 +43,7 @@ pub fn add_length(length: &mut Option<u64>, value: &HeaderValue) -> Result<(), I
 /// A decimal number of ASCII digits only (no sign), as hyper reads a
 /// `Content-Length`: `None` if empty, anything but digits, or past
 /// `u64::MAX`.
-pub fn digits(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn digits(bytes: &[u8]) -> Option<u64> {
     if bytes.is_empty() {
         return None;
     }

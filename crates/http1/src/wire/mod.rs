@@ -1,8 +1,10 @@
 //! The rules of HTTP/1.1 on the wire that the server and the client roles
-//! share.
+//! share. qproxy's other paths use two of them: the `Content-Length`
+//! reading (its h2c client) and the token rules (its hop-by-hop headers
+//! and request log).
 
-pub mod date;
+pub(crate) mod date;
 pub mod length;
-pub mod read;
-pub mod title_case;
+pub(crate) mod read;
+pub(crate) mod title_case;
 pub mod token;

@@ -10,12 +10,12 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// Most bytes one read of a head takes: most heads, and small bodies, fit.
-pub const READ_CHUNK: usize = 4096;
+pub(crate) const READ_CHUNK: usize = 4096;
 
 /// Reads what the peer has sent, at most [`READ_CHUNK`] bytes, onto the
 /// end of `buf`, which grows only by what came: the read lands on the
 /// stack first.
-pub fn poll_read_into<IO: AsyncRead + Unpin>(
+pub(crate) fn poll_read_into<IO: AsyncRead + Unpin>(
     io: &mut IO,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
@@ -24,7 +24,7 @@ pub fn poll_read_into<IO: AsyncRead + Unpin>(
 }
 
 /// [`poll_read_into`], reading at most `most` bytes.
-pub fn poll_read_at_most<IO: AsyncRead + Unpin>(
+pub(crate) fn poll_read_at_most<IO: AsyncRead + Unpin>(
     io: &mut IO,
     buf: &mut BytesMut,
     most: usize,

@@ -4,7 +4,7 @@
 use http::{HeaderName, HeaderValue};
 
 /// Writes a header line, its name in [title case](title_case).
-pub fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+pub(crate) fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     // A standard name is spelt out by a table lookup: once.
     let name = name.as_str();
     dst.reserve(name.len() + value.len() + 4);
@@ -16,7 +16,7 @@ pub fn header_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 
 /// Writes `name` as hyper writes header names in title case (and Go
 /// writes them): the first letter and each one after a `-` upper-cased.
-pub fn title_case(dst: &mut Vec<u8>, name: &str) {
+pub(crate) fn title_case(dst: &mut Vec<u8>, name: &str) {
     let start = dst.len();
     dst.extend_from_slice(name.as_bytes());
     let mut word = &mut dst[start..];

@@ -33,7 +33,7 @@ pub fn any_value_has(headers: &HeaderMap, name: impl AsHeaderName, token: &str) 
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
-pub fn ends_chunked(value: &HeaderValue) -> bool {
+pub(crate) fn ends_chunked(value: &HeaderValue) -> bool {
     value
         .to_str()
         .ok()
