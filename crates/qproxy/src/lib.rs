@@ -11,8 +11,8 @@
 //! bottom up (each module uses only those above it in this list):
 //!
 //! - `common`: what everything below shares (bodies and their guards,
-//!   Go-shaped answers, tunnels, the app connections kept alive, Knative's
-//!   header names, Go's formatting);
+//!   Go-shaped answers, the tunnels' registry, Knative's header names, Go's
+//!   formatting, the TLS crypto provider);
 //! - [`config`]: the environment contract, parsed once into a [`Config`];
 //! - `observe`: logs in Knative's zap JSON shape, request metrics, request
 //!   logs and traces;
@@ -25,7 +25,11 @@
 //! - `admin`, `stats`, `profiling`: the small servers beside the main port;
 //! - [`server`]: listeners, connections, and the whole sidecar's start and
 //!   stop ([`Server`]);
+//! - the crate root's own items: [`run`] and [`shutdown_signal`];
 //! - [`demo`]: a hello app with qproxy in front, for a first look.
+//!
+//! HTTP/1.1 itself, on both sides, is the `qproxy-http1` crate's
+//! ([`qproxy_http1`]), below all of these.
 //!
 //! [`headers`] makes Knative's per-request header rules public, for the
 //! microbenchmarks.

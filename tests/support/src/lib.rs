@@ -3,7 +3,8 @@
 //! ([`client`]), hostile clients and what they cost ([`hostile`]), raw
 //! HTTP/2 frames ([`h2frames`]),
 //! collectors of what it exports ([`collector`]), and
-//! Knative's own Go queue-proxy run beside it as the oracle ([`oracle`]).
+//! Knative's own Go queue-proxy run beside it as the oracle ([`oracle`]),
+//! and a crate's module graph read off its sources ([`modgraph`]).
 //!
 //! Nothing waits by sleeping: every wait is on a condition with a deadline
 //! ([`DEADLINE`]). Everything is re-exported here, so that a test can
@@ -17,6 +18,7 @@ pub mod client;
 pub mod collector;
 pub mod h2frames;
 pub mod hostile;
+pub mod modgraph;
 pub mod oracle;
 pub mod process;
 pub mod tls;

@@ -10,11 +10,14 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, Entry, TRAILER, TRANSFER_EN
 use http::{HeaderName, HeaderValue, StatusCode, Version};
 use tokio::io::AsyncWrite;
 
-use super::COPY_MAX;
 use crate::wire::date::http_date;
 use crate::wire::length::digits;
 use crate::wire::title_case::{header_line, title_case};
 use crate::wire::token::{connection_has, ends_chunked};
+
+/// Data frames up to this size are copied after the head; larger ones
+/// are written from where they are.
+pub(crate) const COPY_MAX: usize = 16 * 1024;
 
 /// How a response body is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -74,15 +74,12 @@ pub use rewind::Rewind;
 
 use crate::BoxError;
 use crate::wire::read::{poll_read_at_most, poll_read_into};
-use encode::{Encoding, Outgoing, encode_head};
+use encode::{COPY_MAX, Encoding, Outgoing, encode_head};
 use parse::{RequestParse, parse};
 
 /// Most memory of its last head a connection keeps between requests, to
 /// read the next one into.
 const KEEP_READ: usize = 2048;
-/// Data frames up to this size are copied after the head; larger ones
-/// are written from where they are.
-const COPY_MAX: usize = 16 * 1024;
 /// Bytes queued before they are written, even if the body has more ready.
 const WRITE_AT: usize = 64 * 1024;
 

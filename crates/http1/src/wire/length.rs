@@ -21,7 +21,10 @@ pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InvalidLength>
 
 /// Reads one `Content-Length` value into `length`, the one its values
 /// before it declared.
-pub(crate) fn add_length(length: &mut Option<u64>, value: &HeaderValue) -> Result<(), InvalidLength> {
+pub(crate) fn add_length(
+    length: &mut Option<u64>,
+    value: &HeaderValue,
+) -> Result<(), InvalidLength> {
     let mut add = |n: u64| {
         if length.is_some_and(|l| l != n) {
             return Err(InvalidLength);

@@ -1,13 +1,20 @@
-//! The crate's modules stay in layers: each uses only modules below its
-//! own, as the crate docs (`src/lib.rs`) list them, so that no two modules
-//! need each other. Read off the sources: every `crate::<module>` path
-//! outside comments.
+//! The crate's modules stay in layers, and no modules anywhere in the
+//! workspace need each other. Read off the sources by
+//! [`qproxy_test_support::modgraph`]: every path to another module, at any
+//! depth.
+//!
+//! - Across top-level modules, each uses only those of the layers below its
+//!   own, as the crate docs (`src/lib.rs`) list them.
+//! - Inside a crate, in every crate of the workspace, no module uses one
+//!   that uses it back, directly or round a longer cycle.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use qproxy_test_support::modgraph::{ModGraph, ROOT};
 
 /// The top-level modules, bottom up; a module may use those of the layers
-/// before its own.
+/// before its own. The crate root's own items (`run`, `shutdown_signal`)
+/// sit above the server they start.
 const LAYERS: &[&[&str]] = &[
     &["common"],
     &["config"],
@@ -16,6 +23,7 @@ const LAYERS: &[&[&str]] = &[
     &["stack"],
     &["admin", "stats", "profiling"],
     &["server"],
+    &[ROOT],
     &["demo", "fuzz"],
 ];
 
@@ -23,115 +31,93 @@ fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))
 }
 
-/// The modules `lib.rs` declares.
-fn declared(src: &Path) -> BTreeSet<String> {
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    lib.lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            let l = l.strip_prefix("pub ").unwrap_or(l);
-            l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)
-        })
-        .collect()
-}
-
-/// `text` without its comments (line comments only: the crate has no
-/// block comments).
-fn code(text: &str) -> String {
-    text.lines()
-        .map(|l| l.split_once("//").map_or(l, |(code, _)| code))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The first segment of every `crate::` path in `code`, braced groups
-/// (`use crate::{a::b, c}`) included.
-fn used(code: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            for item in group[..end].split(',') {
-                let head = item.trim().split("::").next().unwrap_or("");
-                out.insert(head.to_owned());
-            }
-        } else {
-            let head: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            out.insert(head);
-        }
-    }
-    out
-}
-
-/// Each top-level module and the crate's other top-level modules it uses.
-fn dependencies(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<String, BTreeSet<String>> {
-    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let relative = path.strip_prefix(src).unwrap();
-            let first = relative.components().next().unwrap();
-            let top = first.as_os_str().to_string_lossy();
-            let top = top.trim_end_matches(".rs").to_owned();
-            if !modules.contains(&top) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let entry = deps.entry(top.clone()).or_default();
-            for module in used(&code(&text)) {
-                if module != top && modules.contains(&module) {
-                    entry.insert(module);
-                }
-            }
-        }
-    }
-    deps
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 #[test]
 fn every_module_uses_only_the_layers_below_its_own() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let modules = declared(&src);
-    for module in &modules {
+    let graph = ModGraph::read(&src, "lib.rs");
+    assert!(
+        graph.files.contains_key("crate::layers::timeout")
+            && graph.files.contains_key("crate::server::conn"),
+        "the sources were read: {:?}",
+        graph.files.keys()
+    );
+    for module in graph.files.keys() {
+        let top = ModGraph::top(module);
         assert!(
-            layer_of(module).is_some(),
-            "module {module} is in no layer: add it to LAYERS and to the crate docs"
+            layer_of(top).is_some(),
+            "module {top} is in no layer: add it to LAYERS and to the crate docs"
         );
     }
-    let deps = dependencies(&src, &modules);
-    assert!(
-        deps.contains_key("layers") && deps.contains_key("server"),
-        "the sources were read: {deps:?}"
-    );
-    for (module, uses) in &deps {
-        let own = layer_of(module).unwrap();
+    for (module, uses) in &graph.uses {
+        let (top, own) = (
+            ModGraph::top(module),
+            layer_of(ModGraph::top(module)).unwrap(),
+        );
         for dep in uses {
-            let theirs = layer_of(dep).unwrap();
+            let theirs = ModGraph::top(dep);
+            if theirs == top {
+                continue;
+            }
             assert!(
-                theirs < own,
-                "{module} uses {dep}, which is not below it; the layers are {LAYERS:?}"
+                layer_of(theirs).unwrap() < own,
+                "{} ({module}) uses {dep}, which is not below it; the layers are {LAYERS:?}",
+                graph.files[module].display()
             );
         }
     }
 }
 
+/// Each crate root of the workspace: its source directory and root file.
+fn crate_roots() -> Vec<(PathBuf, &'static str)> {
+    let root = workspace();
+    let mut roots = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        for file in ["lib.rs", "main.rs"] {
+            if src.join(file).exists() {
+                roots.push((src.clone(), file));
+            }
+        }
+    }
+    roots.push((root.join("tests/support/src"), "lib.rs"));
+    roots.push((root.join("tests/e2e"), "main.rs"));
+    roots.push((
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sidecar"),
+        "main.rs",
+    ));
+    roots.sort();
+    roots
+}
+
 #[test]
-fn the_reader_sees_braced_and_plain_paths_but_not_comments() {
-    let text = "use crate::common::body::Body;\nuse crate::{drain::Drainer, stats};\n// crate::server\nlet x = crate::proxy::hop::f(); // crate::demo";
-    let got = used(&code(text));
-    let want: BTreeSet<String> = ["common", "drain", "stats", "proxy"]
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(got, want);
+fn no_crate_in_the_workspace_has_an_import_cycle() {
+    let roots = crate_roots();
+    assert!(
+        roots.len() >= 8,
+        "the workspace's crates were found: {roots:?}"
+    );
+    let mut found = Vec::new();
+    for (src, root) in &roots {
+        let graph = ModGraph::read(src, root);
+        assert!(
+            !graph.files.is_empty(),
+            "{} was read",
+            src.join(root).display()
+        );
+        for cycle in graph.cycles() {
+            let files: Vec<String> = cycle
+                .iter()
+                .map(|f| src.join(f).display().to_string())
+                .collect();
+            found.push(files.join(" <-> "));
+        }
+    }
+    assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
 }
