@@ -6,21 +6,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
-use super::{Chunk, STACK_HEADERS};
 use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, parse};
 use crate::pool::Idle;
+use crate::wire::chunked::{self, Decoded};
 
 /// The smallest and largest reads of a body: a read that fills the room
 /// it was given doubles the next one.
 const BODY_READ_MIN: usize = 8 * 1024;
 const BODY_READ_MAX: usize = 256 * 1024;
-/// Most bytes a chunk-size line or the trailers of a chunked body may
-/// take before the body is refused.
-const CHUNK_LINE_MAX: usize = 16 * 1024;
 
 /// Why a response body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
@@ -144,98 +141,26 @@ impl ResponseBody {
             let Decoding::Chunked(state) = self.framing else {
                 return Poll::Ready(None);
             };
-            let step = match state {
-                Chunk::Size => match httparse::parse_chunk_size(&self.buf) {
-                    Ok(httparse::Status::Complete((used, size))) => {
-                        self.buf.advance(used);
-                        Some(if size == 0 {
-                            Chunk::Trailers
-                        } else {
-                            Chunk::Data(size)
-                        })
-                    }
-                    Ok(httparse::Status::Partial) if self.buf.len() > CHUNK_LINE_MAX => {
-                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
-                            "chunk size line too long",
-                        ))));
-                    }
-                    Ok(httparse::Status::Partial) => None,
-                    Err(_) => {
-                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
-                            "invalid chunk size",
-                        ))));
-                    }
-                },
-                Chunk::Data(left) if !self.buf.is_empty() => {
-                    let data = self.data(left);
-                    let left = left - data.len() as u64;
-                    self.framing = Decoding::Chunked(if left == 0 {
-                        Chunk::DataEnd
-                    } else {
-                        Chunk::Data(left)
-                    });
+            match chunked::decode(state, &mut self.buf).map_err(ResponseBodyError::Chunked) {
+                Ok(Decoded::Next(next)) => self.framing = Decoding::Chunked(next),
+                Ok(Decoded::Data(data, next)) => {
+                    self.framing = Decoding::Chunked(next);
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Chunk::Data(_) => None,
-                Chunk::DataEnd if self.buf.len() >= 2 => {
-                    if &self.buf[..2] != b"\r\n" {
-                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
-                            "no CRLF after chunk data",
-                        ))));
-                    }
-                    self.buf.advance(2);
-                    Some(Chunk::Size)
+                Ok(Decoded::End(trailers)) => {
+                    self.finish();
+                    return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
                 }
-                Chunk::DataEnd => None,
-                Chunk::Trailers => match self.trailers() {
-                    Ok(Some(trailers)) => {
-                        self.finish();
-                        return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
-                    }
-                    Ok(None) if self.buf.len() > CHUNK_LINE_MAX => {
-                        return Poll::Ready(Some(Err(ResponseBodyError::Chunked(
-                            "trailers too long",
-                        ))));
-                    }
-                    Ok(None) => None,
-                    Err(e) => return Poll::Ready(Some(Err(e))),
-                },
-            };
-            match step {
-                Some(next) => self.framing = Decoding::Chunked(next),
-                None => {
+                Ok(Decoded::Short) => {
                     // However little the next step needs, what has come
                     // is read: an event stream's chunk arrives whole.
                     if !ready!(self.poll_fill(cx, u64::MAX))? {
                         return Poll::Ready(Some(Err(ResponseBodyError::Incomplete)));
                     }
                 }
+                Err(e) => return Poll::Ready(Some(Err(e))),
             }
         }
-    }
-
-    /// The trailers after the last chunk, once all of them are in `buf`:
-    /// `Some(None)` when there are none.
-    fn trailers(&mut self) -> Result<Option<Option<HeaderMap>>, ResponseBodyError> {
-        let mut lines = [httparse::EMPTY_HEADER; STACK_HEADERS];
-        let (used, parsed) = match httparse::parse_headers(&self.buf, &mut lines) {
-            Ok(httparse::Status::Complete((used, parsed))) => (used, parsed),
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(_) => return Err(ResponseBodyError::Chunked("invalid trailers")),
-        };
-        let mut trailers = HeaderMap::new();
-        for line in parsed {
-            let name = HeaderName::from_bytes(line.name.as_bytes());
-            let value = HeaderValue::from_bytes(line.value);
-            match (name, value) {
-                (Ok(name), Ok(value)) => {
-                    trailers.append(name, value);
-                }
-                _ => return Err(ResponseBodyError::Chunked("invalid trailers")),
-            }
-        }
-        self.buf.advance(used);
-        Ok(Some((!trailers.is_empty()).then_some(trailers)))
     }
 }
 

@@ -38,6 +38,7 @@ pub use body::{AppAnswer, ResponseBody, ResponseBodyError, read_answer};
 pub use conn::{ClientConn, ClientLink};
 
 use crate::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use crate::wire::chunked::ChunkState;
 use crate::wire::length::{InvalidLength, add_length};
 use crate::wire::read::poll_read_into;
 use crate::wire::title_case::header_line;
@@ -104,22 +105,9 @@ enum Decoding {
     /// After this many more bytes.
     Length(u64),
     /// At its last chunk (and trailers).
-    Chunked(Chunk),
+    Chunked(ChunkState),
     /// When the app closes the connection.
     Eof,
-}
-
-/// Where a chunked body's reading is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// A chunk-size line is next.
-    Size,
-    /// This many bytes of a chunk's data are left.
-    Data(u64),
-    /// The CRLF after a chunk's data is next.
-    DataEnd,
-    /// The trailers after the last chunk are next.
-    Trailers,
 }
 
 /// Sends `head` (from [`encode`]) and `body` (whole, the length its head gives;
@@ -347,7 +335,7 @@ fn framing(
             ));
         }
         return Ok(if chunked {
-            Decoding::Chunked(Chunk::Size)
+            Decoding::Chunked(ChunkState::Size)
         } else {
             Decoding::Eof
         });
@@ -433,7 +421,7 @@ mod tests {
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
                 &get
             ),
-            Ok((Decoding::Chunked(Chunk::Size), true))
+            Ok((Decoding::Chunked(ChunkState::Size), true))
         );
         assert_eq!(
             frame(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", &get),

@@ -10,6 +10,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, Entry, TRAILER, TRANSFER_EN
 use http::{HeaderName, HeaderValue, StatusCode, Version};
 use tokio::io::AsyncWrite;
 
+use crate::wire::chunked;
 use crate::wire::date::http_date;
 use crate::wire::length::digits;
 use crate::wire::title_case::{header_line, title_case};
@@ -77,9 +78,7 @@ impl Outgoing {
                 }
                 *owed -= data.len() as u64;
             }
-            Encoding::Chunked => {
-                let _ = write!(self.tail(), "{:X}\r\n", data.len());
-            }
+            Encoding::Chunked => chunked::encode_data(self.tail(), data.len()),
             Encoding::Close => {}
         }
         if data.len() <= COPY_MAX || !self.data.is_empty() {
@@ -88,7 +87,7 @@ impl Outgoing {
             self.data = data;
         }
         if *framing == Encoding::Chunked {
-            self.tail().extend_from_slice(b"\r\n");
+            self.tail().extend_from_slice(chunked::CHUNK_END);
         }
     }
 
@@ -99,7 +98,7 @@ impl Outgoing {
             Encoding::Length(0) | Encoding::Close => true,
             Encoding::Length(_) => false,
             Encoding::Chunked => {
-                self.tail().extend_from_slice(b"0\r\n\r\n");
+                self.tail().extend_from_slice(chunked::LAST_CHUNK);
                 *framing = Encoding::Length(0);
                 true
             }

@@ -3,6 +3,7 @@
 //! reading (its h2c client) and the token rules (its hop-by-hop headers
 //! and request log).
 
+pub(crate) mod chunked;
 pub(crate) mod date;
 pub mod length;
 pub(crate) mod read;
