@@ -283,3 +283,137 @@ where
         Poll::Ready(Ok(res.map(|body| Guarded::new(body, guard))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future as _;
+
+    use http_body::Body as _;
+    use std::sync::{Arc, Mutex};
+
+    use http::{Response, StatusCode};
+    use http_body_util::{BodyExt, StreamBody};
+
+    use super::*;
+
+    /// A guard that writes down what it is told.
+    #[derive(Debug, Clone, Default)]
+    struct Told(Arc<Mutex<Vec<String>>>);
+
+    impl Told {
+        fn said(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    impl Settle for Told {
+        fn answered(&mut self, status: StatusCode) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("answered {}", status.as_u16()));
+        }
+
+        fn data(&mut self, len: usize) {
+            self.0.lock().unwrap().push(format!("data {len}"));
+        }
+
+        fn settle(&mut self, complete: bool) {
+            self.0.lock().unwrap().push(format!("settle {complete}"));
+        }
+    }
+
+    type Frames = StreamBody<
+        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>,
+    >;
+
+    /// A body of these frames, then, if `fails`, an error.
+    fn frames(data: &[&'static str], fails: bool) -> Frames {
+        let mut frames: Vec<Result<Frame<Bytes>, &'static str>> = data
+            .iter()
+            .map(|d| Ok(Frame::data(Bytes::from_static(d.as_bytes()))))
+            .collect();
+        if fails {
+            frames.push(Err("the app failed"));
+        }
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    /// The response of a guarded future answering with `body`.
+    async fn answered(told: &Told, body: Frames) -> Response<Guarded<Frames, Told>> {
+        let answer = async move {
+            let mut res = Response::new(body);
+            *res.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(res)
+        };
+        let Ok(res) = GuardedFuture::new(answer, Some(told.clone())).await;
+        res
+    }
+
+    #[tokio::test]
+    async fn a_guard_learns_the_status_each_frame_and_a_complete_end_once() {
+        let told = Told::default();
+        let res = answered(&told, frames(&["ab", "cde"], false)).await;
+        assert_eq!(told.said(), ["answered 201"]);
+        let collected = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(collected, "abcde");
+        assert_eq!(
+            told.said(),
+            ["answered 201", "data 2", "data 3", "settle true"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_early_settles_incomplete_once() {
+        let told = Told::default();
+        let mut body = answered(&told, frames(&["ab", "cde"], false))
+            .await
+            .into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "ab");
+        drop(body);
+        assert_eq!(told.said(), ["answered 201", "data 2", "settle false"]);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_fails_settles_incomplete_once_and_no_more_after() {
+        let told = Told::default();
+        let mut body = answered(&told, frames(&["ab"], true)).await.into_body();
+        assert!(body.frame().await.unwrap().is_ok());
+        assert!(body.frame().await.unwrap().is_err());
+        drop(body);
+        assert_eq!(told.said(), ["answered 201", "data 2", "settle false"]);
+    }
+
+    #[tokio::test]
+    async fn a_future_dropped_before_its_answer_tells_its_guard_nothing() {
+        let told = Told::default();
+        let never = std::future::pending::<Result<Response<Frames>, Infallible>>();
+        let mut future = Box::pin(GuardedFuture::new(never, Some(told.clone())));
+        let waker = std::task::Waker::noop();
+        assert!(
+            future
+                .as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        drop(future);
+        assert!(told.said().is_empty(), "{:?}", told.said());
+    }
+
+    #[test]
+    fn a_whole_request_body_is_one_frame_and_replayable_when_empty() {
+        let mut waker_cx = Context::from_waker(std::task::Waker::noop());
+        let (whole, read) = WholeBody::new(Bytes::from_static(b"hello"));
+        let mut body = RequestBody::whole(whole);
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert!(!read.is_read());
+        let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut waker_cx) else {
+            panic!("no frame");
+        };
+        assert_eq!(frame.into_data().unwrap(), "hello");
+        assert!(read.is_read(), "the server learns the body was read");
+        assert!(body.is_end_stream());
+        assert!(RequestBody::empty().is_end_stream());
+    }
+}

@@ -47,3 +47,118 @@ impl<B: From<ReplyBody>> From<ReplyBody> for PermitBody<B> {
         PermitBody::new(B::from(body))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body::{Body as _, Frame};
+    use http_body_util::BodyExt;
+    use tower::{Layer, ServiceExt, service_fn};
+
+    use super::*;
+
+    /// An app's response body: these frames, or a reply of qproxy's own.
+    #[derive(Debug)]
+    struct Frames(VecDeque<Bytes>);
+
+    impl From<ReplyBody> for Frames {
+        fn from(body: ReplyBody) -> Self {
+            let mut frames = VecDeque::new();
+            let mut body = body;
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut cx) {
+                if let Ok(data) = frame.into_data() {
+                    frames.push_back(data);
+                }
+            }
+            Frames(frames)
+        }
+    }
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(|d| Ok(Frame::data(d))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    /// The app: answers with two frames.
+    async fn answer(_req: Request<()>) -> Result<Response<Frames>, Infallible> {
+        Ok(Response::new(Frames(
+            [Bytes::from_static(b"a"), Bytes::from_static(b"b")].into(),
+        )))
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_held_until_the_body_ends() {
+        let breaker = breaker(1).unwrap();
+        let service = layer::<Frames>(Some(breaker.clone())).layer(service_fn(answer));
+        let res = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(breaker.in_flight(), 1, "answered, the body not yet sent");
+        let mut body = res.into_body();
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(breaker.in_flight(), 1, "half the body sent");
+        body.frame().await.unwrap().unwrap();
+        assert!(body.frame().await.is_none());
+        assert_eq!(breaker.in_flight(), 0, "the body's end frees the slot");
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_freed_when_the_body_is_dropped_early() {
+        let breaker = breaker(1).unwrap();
+        let service = layer::<Frames>(Some(breaker.clone())).layer(service_fn(answer));
+        let mut body = service.oneshot(Request::new(())).await.unwrap().into_body();
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(breaker.in_flight(), 1);
+        drop(body);
+        assert_eq!(breaker.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_kubelet_probe_takes_no_slot_and_a_full_queue_is_503() {
+        let breaker = breaker(1).unwrap();
+        let service = layer::<Frames>(Some(breaker.clone())).layer(service_fn(answer));
+        let held = service.clone().oneshot(Request::new(())).await.unwrap();
+        // One slot, ten places: the queue fills with ten waiting requests.
+        let mut waiting = Vec::new();
+        for _ in 0..10 {
+            let mut call = Box::pin(service.clone().oneshot(Request::new(())));
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert!(call.as_mut().poll(&mut cx).is_pending());
+            waiting.push(call);
+        }
+        assert_eq!(breaker.waiting(), 10);
+        let probe = Request::builder()
+            .header("K-Kubelet-Probe", "queue")
+            .body(())
+            .unwrap();
+        let probed = service.clone().oneshot(probe).await.unwrap();
+        assert_eq!(
+            probed.status(),
+            StatusCode::OK,
+            "a probe passes a full breaker"
+        );
+        let refused = service.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let text = refused.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(text, "pending request queue full\n");
+        drop((held, waiting));
+        assert_eq!(breaker.in_flight(), 0);
+    }
+}

@@ -168,3 +168,127 @@ impl Record for Measuring {
 
 /// The response body of [`Metrics`].
 pub(crate) type MetricsBody<B> = Guarded<B, Observed<Measuring>>;
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::task::Waker;
+
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::{BodyExt, Empty, StreamBody};
+    use tower::{ServiceExt, service_fn};
+
+    use super::*;
+    use crate::config::Revision;
+
+    type Frames = StreamBody<
+        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>,
+    >;
+
+    /// The app: two frames.
+    async fn answer(_req: Request<Empty<Bytes>>) -> Result<Response<Frames>, Infallible> {
+        let frames = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Ok(Frame::data(Bytes::from_static(b"b"))),
+        ];
+        Ok(Response::new(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
+    }
+
+    /// Classic Knative's request metrics of a revision.
+    fn classic() -> OpenCensusMetrics {
+        OpenCensusMetrics::new(&Revision {
+            namespace: "default".into(),
+            service: "hello".into(),
+            configuration: "hello".into(),
+            name: "hello-00001".into(),
+            pod: "pod1".into(),
+            pod_ip: "127.0.0.1".into(),
+        })
+    }
+
+    /// The requests counted with each status, as Prometheus reads them.
+    fn counted(m: &OpenCensusMetrics) -> Vec<(String, u64)> {
+        m.render()
+            .lines()
+            .filter(|l| l.starts_with("revision_request_count{"))
+            .map(|l| {
+                let code = l.split("response_code=\"").nth(1).unwrap_or("");
+                let code = code.split('"').next().unwrap_or("").to_owned();
+                let n = l.rsplit(' ').next().unwrap().parse().unwrap();
+                (code, n)
+            })
+            .collect()
+    }
+
+    fn request() -> Request<Empty<Bytes>> {
+        Request::new(Empty::new())
+    }
+
+    #[tokio::test]
+    async fn a_request_is_counted_once_when_its_body_ends() {
+        let m = classic();
+        let layer = MetricsLayer::revision(Some(UserMetrics::Classic(m.clone())));
+        let res = layer
+            .layer(service_fn(answer))
+            .oneshot(request())
+            .await
+            .unwrap();
+        assert!(counted(&m).is_empty(), "not before the body is sent");
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ab");
+        assert_eq!(counted(&m), [("200".to_owned(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_early_is_counted_once_as_go_s_aborted_handler() {
+        let m = classic();
+        let layer = MetricsLayer::revision(Some(UserMetrics::Classic(m.clone())));
+        let mut body = layer
+            .layer(service_fn(answer))
+            .oneshot(request())
+            .await
+            .unwrap()
+            .into_body();
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert_eq!(counted(&m), [("500".to_owned(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_before_its_answer_is_counted_once_as_a_502() {
+        let m = classic();
+        let layer = MetricsLayer::revision(Some(UserMetrics::Classic(m.clone())));
+        let never = service_fn(|_req: Request<Empty<Bytes>>| {
+            std::future::pending::<Result<Response<Frames>, Infallible>>()
+        });
+        let mut call = Box::pin(layer.layer(never).oneshot(request()));
+        assert!(
+            call.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
+        drop(call);
+        assert_eq!(counted(&m), [("502".to_owned(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_kubelet_probe_is_not_counted() {
+        let m = classic();
+        let layer = MetricsLayer::revision(Some(UserMetrics::Classic(m.clone())));
+        let probe = Request::builder()
+            .header("K-Kubelet-Probe", "queue")
+            .body(Empty::new())
+            .unwrap();
+        let res = layer
+            .layer(service_fn(answer))
+            .oneshot(probe)
+            .await
+            .unwrap();
+        res.into_body().collect().await.unwrap();
+        assert!(counted(&m).is_empty(), "{:?}", counted(&m));
+    }
+}

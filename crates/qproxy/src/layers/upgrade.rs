@@ -102,3 +102,77 @@ where
         Poll::Ready(Ok(res))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use http::StatusCode;
+    use tower::{ServiceExt, service_fn};
+
+    use super::*;
+    use crate::layers::concurrency;
+
+    /// An app that accepts every upgrade; each tunnel it opens goes into
+    /// `opened`, as the proxy keeps the tunnels it runs.
+    fn app(
+        opened: Arc<Mutex<Vec<Tunnel>>>,
+    ) -> impl Service<
+        Request<()>,
+        Response = Response<ReplyBody>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<ReplyBody>, Infallible>> + Send,
+    > + Clone {
+        service_fn(move |_req: Request<()>| {
+            let opened = opened.clone();
+            async move {
+                let tunnel = Tunnel::open();
+                opened.lock().unwrap().push(tunnel.clone());
+                let mut res = Response::new(ReplyBody::empty());
+                *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                res.extensions_mut().insert(tunnel);
+                Ok(res)
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_holds_its_requests_slot_and_count_until_it_closes() {
+        let opened = Arc::new(Mutex::new(Vec::new()));
+        let breaker = concurrency::breaker(1).unwrap();
+        let tunnels = Tunnels::default();
+        let service = UpgradeHoldLayer::new(tunnels.clone()).layer(
+            concurrency::layer::<ReplyBody>(Some(breaker.clone())).layer(app(opened.clone())),
+        );
+        let res = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SWITCHING_PROTOCOLS);
+        // The `101`'s body is sent and gone; the tunnel holds what it held.
+        drop(res);
+        assert_eq!(
+            breaker.in_flight(),
+            1,
+            "the slot is held while the tunnel is open"
+        );
+        assert_eq!(tunnels.open(), 1);
+        let tunnel = opened.lock().unwrap().pop().unwrap();
+        tunnel.close();
+        assert_eq!(breaker.in_flight(), 0, "closing the tunnel frees the slot");
+        assert_eq!(tunnels.open(), 0);
+        // What is kept after the close is let go of at once.
+        tunnel.keep(tunnels.opened());
+        assert_eq!(tunnels.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_response_without_a_tunnel_passes_untouched() {
+        let tunnels = Tunnels::default();
+        let service =
+            UpgradeHoldLayer::new(tunnels.clone()).layer(service_fn(|_req: Request<()>| async {
+                Ok::<_, Infallible>(Response::new(ReplyBody::full("hello")))
+            }));
+        let res = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(tunnels.open(), 0);
+    }
+}
