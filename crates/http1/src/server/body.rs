@@ -1,10 +1,14 @@
 //! The request bodies [`serve`](super::serve) reads whole, and how the
 //! connection's owner makes its own request body type from them.
 
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 
 /// The request body type of the service behind [`serve`](super::serve):
 /// the owner's own, made from what the server read.
@@ -56,6 +60,28 @@ impl WholeBody {
     pub fn take(&mut self) -> Bytes {
         self.read.store(true, Ordering::Release);
         std::mem::take(&mut self.data)
+    }
+}
+
+/// One data frame, the whole body, taken by the first poll.
+impl http_body::Body for WholeBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let data = self.get_mut().take();
+        Poll::Ready((!data.is_empty()).then(|| Ok(Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len() as u64)
     }
 }
 

@@ -48,10 +48,9 @@ impl http_body::Body for TestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             TestBody::Empty => Poll::Ready(None),
-            TestBody::Whole(body) => {
-                let data = body.take();
-                Poll::Ready((!data.is_empty()).then(|| Ok(Frame::data(data))))
-            }
+            TestBody::Whole(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
             TestBody::Streamed(body) => Pin::new(body).poll_frame(cx),
         }
     }
@@ -59,7 +58,7 @@ impl http_body::Body for TestBody {
     fn is_end_stream(&self) -> bool {
         match self {
             TestBody::Empty => true,
-            TestBody::Whole(body) => body.is_empty(),
+            TestBody::Whole(body) => body.is_end_stream(),
             TestBody::Streamed(body) => body.is_end_stream(),
         }
     }
@@ -67,7 +66,7 @@ impl http_body::Body for TestBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             TestBody::Empty => SizeHint::with_exact(0),
-            TestBody::Whole(body) => SizeHint::with_exact(body.len() as u64),
+            TestBody::Whole(body) => body.size_hint(),
             TestBody::Streamed(body) => body.size_hint(),
         }
     }

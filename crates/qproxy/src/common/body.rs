@@ -13,7 +13,7 @@ use qproxy_http1::server::{MakeBody, WholeBody};
 use tokio::sync::mpsc;
 
 /// A type-erased error, as hyper takes from bodies.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use qproxy_http1::BoxError;
 
 /// A body qproxy makes itself (error texts, probe answers, its own
 /// ports' pages): whole, and sent in one frame.
@@ -100,10 +100,9 @@ impl http_body::Body for RequestBody {
         match self.get_mut() {
             RequestBody::Client(b) => Pin::new(b).poll_frame(cx),
             RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Full(body) => {
-                let data = body.take();
-                Poll::Ready((!data.is_empty()).then(|| Ok(Frame::data(data))))
-            }
+            RequestBody::Full(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
             RequestBody::Tunnel(rx) => rx
                 .poll_recv(cx)
                 .map(|data| data.map(|d| Ok(Frame::data(d)))),
@@ -114,7 +113,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.is_end_stream(),
             RequestBody::Empty => true,
-            RequestBody::Full(body) => body.is_empty(),
+            RequestBody::Full(body) => body.is_end_stream(),
             RequestBody::Tunnel(_) => false,
         }
     }
@@ -123,7 +122,7 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Client(b) => b.size_hint(),
             RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Full(body) => SizeHint::with_exact(body.len() as u64),
+            RequestBody::Full(body) => body.size_hint(),
             RequestBody::Tunnel(_) => SizeHint::default(),
         }
     }
@@ -323,12 +322,12 @@ mod tests {
         }
     }
 
-    type Frames = StreamBody<
+    type FrameStream = StreamBody<
         futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>,
     >;
 
     /// A body of these frames, then, if `fails`, an error.
-    fn frames(data: &[&'static str], fails: bool) -> Frames {
+    fn frames(data: &[&'static str], fails: bool) -> FrameStream {
         let mut frames: Vec<Result<Frame<Bytes>, &'static str>> = data
             .iter()
             .map(|d| Ok(Frame::data(Bytes::from_static(d.as_bytes()))))
@@ -340,7 +339,7 @@ mod tests {
     }
 
     /// The response of a guarded future answering with `body`.
-    async fn answered(told: &Told, body: Frames) -> Response<Guarded<Frames, Told>> {
+    async fn answered(told: &Told, body: FrameStream) -> Response<Guarded<FrameStream, Told>> {
         let answer = async move {
             let mut res = Response::new(body);
             *res.status_mut() = StatusCode::CREATED;
@@ -388,7 +387,7 @@ mod tests {
     #[tokio::test]
     async fn a_future_dropped_before_its_answer_tells_its_guard_nothing() {
         let told = Told::default();
-        let never = std::future::pending::<Result<Response<Frames>, Infallible>>();
+        let never = std::future::pending::<Result<Response<FrameStream>, Infallible>>();
         let mut future = Box::pin(GuardedFuture::new(never, Some(told.clone())));
         let waker = std::task::Waker::noop();
         assert!(

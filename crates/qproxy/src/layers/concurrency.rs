@@ -66,9 +66,9 @@ mod tests {
 
     /// An app's response body: these frames, or a reply of qproxy's own.
     #[derive(Debug)]
-    struct Frames(VecDeque<Bytes>);
+    struct QueuedFrames(VecDeque<Bytes>);
 
-    impl From<ReplyBody> for Frames {
+    impl From<ReplyBody> for QueuedFrames {
         fn from(body: ReplyBody) -> Self {
             let mut frames = VecDeque::new();
             let mut body = body;
@@ -78,11 +78,11 @@ mod tests {
                     frames.push_back(data);
                 }
             }
-            Frames(frames)
+            QueuedFrames(frames)
         }
     }
 
-    impl http_body::Body for Frames {
+    impl http_body::Body for QueuedFrames {
         type Data = Bytes;
         type Error = Infallible;
 
@@ -99,8 +99,8 @@ mod tests {
     }
 
     /// The app: answers with two frames.
-    async fn answer(_req: Request<()>) -> Result<Response<Frames>, Infallible> {
-        Ok(Response::new(Frames(
+    async fn answer(_req: Request<()>) -> Result<Response<QueuedFrames>, Infallible> {
+        Ok(Response::new(QueuedFrames(
             [Bytes::from_static(b"a"), Bytes::from_static(b"b")].into(),
         )))
     }
@@ -108,7 +108,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_is_held_until_the_body_ends() {
         let breaker = breaker(1).unwrap();
-        let service = layer::<Frames>(Some(breaker.clone())).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone())).layer(service_fn(answer));
         let res = service.oneshot(Request::new(())).await.unwrap();
         assert_eq!(breaker.in_flight(), 1, "answered, the body not yet sent");
         let mut body = res.into_body();
@@ -122,7 +122,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_is_freed_when_the_body_is_dropped_early() {
         let breaker = breaker(1).unwrap();
-        let service = layer::<Frames>(Some(breaker.clone())).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone())).layer(service_fn(answer));
         let mut body = service.oneshot(Request::new(())).await.unwrap().into_body();
         body.frame().await.unwrap().unwrap();
         assert_eq!(breaker.in_flight(), 1);
@@ -133,7 +133,7 @@ mod tests {
     #[tokio::test]
     async fn a_kubelet_probe_takes_no_slot_and_a_full_queue_is_503() {
         let breaker = breaker(1).unwrap();
-        let service = layer::<Frames>(Some(breaker.clone())).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone())).layer(service_fn(answer));
         let held = service.clone().oneshot(Request::new(())).await.unwrap();
         // One slot, ten places: the queue fills with ten waiting requests.
         let mut waiting = Vec::new();

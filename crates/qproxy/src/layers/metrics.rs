@@ -183,12 +183,12 @@ mod tests {
     use super::*;
     use crate::config::Revision;
 
-    type Frames = StreamBody<
+    type TwoFrames = StreamBody<
         futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>,
     >;
 
     /// The app: two frames.
-    async fn answer(_req: Request<Empty<Bytes>>) -> Result<Response<Frames>, Infallible> {
+    async fn answer(_req: Request<Empty<Bytes>>) -> Result<Response<TwoFrames>, Infallible> {
         let frames = vec![
             Ok(Frame::data(Bytes::from_static(b"a"))),
             Ok(Frame::data(Bytes::from_static(b"b"))),
@@ -263,7 +263,7 @@ mod tests {
         let m = classic();
         let layer = MetricsLayer::revision(Some(UserMetrics::Classic(m.clone())));
         let never = service_fn(|_req: Request<Empty<Bytes>>| {
-            std::future::pending::<Result<Response<Frames>, Infallible>>()
+            std::future::pending::<Result<Response<TwoFrames>, Infallible>>()
         });
         let mut call = Box::pin(layer.layer(never).oneshot(request()));
         assert!(
