@@ -43,9 +43,9 @@ sys.path.insert(0, os.path.join(ROOT, "cluster"))
 
 from lib import build, knative, node as nodes, util  # noqa: E402
 
+import plotting  # noqa: E402  (benches/plotting.py)
+
 CLUSTER = os.path.join(ROOT, "scripts", "cluster")
-VENV = os.path.join(ROOT, "target", "bench-venv")
-MATPLOTLIB = "matplotlib==3.10.9"
 NAMESPACE = "qproxy-bench"
 CPUACCT = os.path.join(nodes.CGROUP_FS, "cpuacct", nodes.CGROUP, "kubepods")
 IMAGES = ("go", "qproxy")
@@ -292,11 +292,7 @@ def summary(rounds, tries):
 
 
 def pictures(out, rounds, tries):
-    import matplotlib
-    matplotlib.use("svg")
-    matplotlib.rcParams["svg.hashsalt"] = "qproxy"
-    matplotlib.rcParams["svg.fonttype"] = "none"
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot()
 
     colours = {"go": "#8c8c8c", "qproxy": "#d9622b"}
     paths = ("app", "qp", "activator")
@@ -341,24 +337,6 @@ def pictures(out, rounds, tries):
     plt.close(fig)
 
 
-def with_matplotlib():
-    """Runs this script again under target/bench-venv, with matplotlib
-    installed there from PyPI, unless this Python already has it."""
-    try:
-        import matplotlib  # noqa: F401
-        return
-    except ImportError:
-        pass
-    python = os.path.join(VENV, "bin", "python3")
-    if sys.executable == python:
-        raise SystemExit("bench: matplotlib is missing from target/bench-venv")
-    if not os.path.exists(python):
-        say(f"installing {MATPLOTLIB} into target/bench-venv (PyPI)")
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", MATPLOTLIB], check=True)
-    os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -373,7 +351,7 @@ def main():
                     help="measure nothing: the table and pictures again from --out's results.json")
     args = ap.parse_args()
     if args.redraw:
-        with_matplotlib()
+        plotting.with_matplotlib(__file__, say)
         with open(os.path.join(args.out, "results.json")) as f:
             saved = json.load(f)
         return write(args.out, saved["rounds"], saved["cold"])
@@ -381,7 +359,7 @@ def main():
         raise SystemExit("bench: needs root (scripts/cluster)")
     if not shutil.which("wrk"):
         raise SystemExit("bench: wrk is missing (Debian's package wrk; scripts/test tools installs it)")
-    with_matplotlib()
+    plotting.with_matplotlib(__file__, say)
     was_up = subprocess.run([CLUSTER, "status"], stdout=subprocess.DEVNULL).returncode == 0
     if subprocess.run([CLUSTER, "up", "--serving", args.serving], stdout=subprocess.DEVNULL).returncode != 0:
         raise SystemExit(1)

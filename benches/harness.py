@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = os.path.join(ROOT, "benches")
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 import oci_image  # noqa: E402  (the image's environment, which qproxy runs with here too)
+import plotting  # noqa: E402  (benches/plotting.py: the pictures)
 TICK = os.sysconf("SC_CLK_TCK")
 HELLO = b"Hello World!\n"
 
@@ -972,33 +973,29 @@ def report(args, throughput, concurrency, footprint, allocations=None, instructi
     return "\n".join(lines)
 
 
-def svg(args, throughput, load):
-    """Bars for one load: throughput and proxy CPU per request, every contender, per variant."""
-    rows = []
-    for variant in args.variants:
-        for name in args.contenders:
-            rounds = throughput.get((variant, load, name), [])
-            if rounds:
-                rows.append((f"{name} ({variant})", med(rounds, "rps") or 0, med(rounds, "cpu_us") or 0))
-    width, bar_h, left = 760, 22, 200
-    height = 60 + len(rows) * (bar_h + 6) * 2 + 40
-    max_rps = max([r[1] for r in rows] + [1])
-    max_cpu = max([r[2] for r in rows] + [1])
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
-           f'<text x="10" y="20" font-size="14">Load {load}: throughput (req/s) and proxy CPU per request (µs)</text>']
-    y = 40
-    for title, key, scale, color in (("req/s", 1, max_rps, "#4a7ab5"), ("CPU µs/req", 2, max_cpu, "#c05a3a")):
-        out.append(f'<text x="10" y="{y + 12}" font-weight="bold">{title}</text>')
-        y += 20
-        for r in rows:
-            w = (width - left - 80) * r[key] / scale
-            out.append(f'<text x="10" y="{y + 15}">{r[0]}</text>')
-            out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>')
-            out.append(f'<text x="{left + w + 5:.1f}" y="{y + 15}">{r[key]:,.1f}</text>')
-            y += bar_h + 6
-        y += 10
-    out.append("</svg>")
-    return "\n".join(out)
+def picture(args, throughput, load, path):
+    """One figure for a load: every contender's throughput and proxy CPU
+    per request, side by side, pinned and unpinned; qproxy set apart by
+    colour."""
+    plt = plotting.pyplot()
+    names = [n for n in args.contenders
+             if any(throughput.get((v, load, n)) for v in args.variants)]
+    colour = plotting.colours(names)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / max(len(names), 1)
+    panels = (("requests per second", "rps"), ("proxy CPU per request (µs)", "cpu_us"))
+    for ax, (title, key) in zip(axes, panels):
+        for i, name in enumerate(names):
+            values = [med(throughput.get((v, load, name), []), key) or 0 for v in args.variants]
+            xs = [x + (i - (len(names) - 1) / 2) * width for x in range(len(args.variants))]
+            ax.bar(xs, values, width, label=name, color=colour[name])
+        ax.set_xticks(range(len(args.variants)), list(args.variants))
+        ax.set_title(title, fontsize=10)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(f"load {load} (median of the rounds)")
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
 
 
 def svg_name(load):
@@ -1033,6 +1030,10 @@ def main():
         args.contenders.append("qproxy-base")
     args.loads = [int(x) for x in args.loads.split(",")]
     args.variants = args.variants.split(",")
+    if not args.smoke:
+        # Before any load runs: the pictures need matplotlib, and getting
+        # it may start this script again.
+        plotting.with_matplotlib(__file__)
 
     # A thousand connections, in this process and the proxies it starts.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -1064,8 +1065,7 @@ def main():
     pictures = []
     for load in throughput_loads(args):
         pictures.append(f"[{load.split()[0]}{' ' + load.split()[1] if load.split()[0] == '4' else ''}]({svg_name(load)})")
-        with open(os.path.join(BENCHES, svg_name(load)), "w") as f:
-            f.write(svg(args, throughput, load))
+        picture(args, throughput, load, os.path.join(BENCHES, svg_name(load)))
     cpu = ""
     with open("/proc/cpuinfo") as f:
         m = re.search(r"model name\s*:\s*(.*)", f.read())
@@ -1076,7 +1076,7 @@ def main():
               f"CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, nginx one worker, HAProxy one thread); unpinned: "
               f"no affinity. `qproxy` runs with Knative's default request metrics (Prometheus) on, "
               f"`qproxy-nometrics` with them off; every qproxy with the image's environment (glibc's heap "
-              f"settings). Pictures, one per load, every contender: "
+              f"settings). Pictures (matplotlib), one per load, every contender: "
               f"{', '.join(pictures)}.\n\n")
     path = os.path.join(BENCHES, "RESULTS.md")
     with open(path) as f:
