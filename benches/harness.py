@@ -6,7 +6,7 @@ app, same loads, same run. See benches/README.md.
     benches/harness.py              # everything; writes benches/RESULTS.md
     benches/harness.py --smoke      # one short round of load 1, qproxy and direct
 
-Needs: cargo, go, wrk, h2load (Debian: nghttp2-client), nginx, haproxy, perf, taskset,
+Needs: cargo, go, taskset; installs from Debian (as root) what it runs and lacks: wrk, h2load, nginx, haproxy,
 valgrind (the instruction counts);
 for the TLS loads, openssl, and root with unshare for the Go queue-proxy
 (its certificate path is fixed: it gets a mount namespace of its own).
@@ -123,6 +123,47 @@ def envoy_bin():
     return binary
 
 
+# The tools the harness runs, and the Debian package of each.
+DEBIAN_PACKAGES = {
+    "wrk": "wrk",
+    "h2load": "nghttp2-client",
+    "valgrind": "valgrind",
+    "callgrind_control": "valgrind",
+    "openssl": "openssl",
+    "nginx": "nginx",
+    "haproxy": "haproxy",
+}
+
+
+def tool_path(tool):
+    sbin = f"/usr/sbin/{tool}"
+    return shutil.which(tool) or (sbin if os.path.exists(sbin) else None)
+
+
+def install_debian(packages):
+    """Installs the Debian `packages` missing, where this is a Debian
+    machine and the harness runs as root; services the packages bring
+    are not started (policy-rc.d says no while they install)."""
+    packages = sorted(set(packages))
+    if not packages or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    print(f"harness: installing {' '.join(packages)} from Debian", file=sys.stderr)
+    policy = "/usr/sbin/policy-rc.d"
+    ours = not os.path.exists(policy)
+    if ours:
+        with open(policy, "w") as f:
+            f.write("#!/bin/sh\nexit 101\n")
+        os.chmod(policy, 0o755)
+    try:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if subprocess.run(["apt-get", "install", "-y", "--no-install-recommends"] + packages, env=env).returncode:
+            subprocess.run(["apt-get", "update"], env=env, check=True)
+            subprocess.run(["apt-get", "install", "-y", "--no-install-recommends"] + packages, env=env, check=True)
+    finally:
+        if ours:
+            os.remove(policy)
+
+
 def pin(cpu, argv):
     return ["taskset", "-c", str(cpu)] + argv if cpu is not None else argv
 
@@ -163,12 +204,14 @@ def build(args):
         out["envoy"] = envoy_bin()
     tls = any(n in args.loads for n in TLS_LOAD_NUMBERS)
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
-    for tool in (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])
-                 + (["valgrind", "callgrind_control"] if counted else [])
-                 + (["openssl"] if tls else []) + proxies):
-        path = shutil.which(tool) or (f"/usr/sbin/{tool}" if os.path.exists(f"/usr/sbin/{tool}") else None)
+    tools = (["wrk"] + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])
+             + (["valgrind", "callgrind_control"] if counted else [])
+             + (["openssl"] if tls else []) + proxies)
+    install_debian([DEBIAN_PACKAGES[t] for t in tools if not tool_path(t)])
+    for tool in tools:
+        path = tool_path(tool)
         if not path:
-            sys.exit(f"harness: {tool} is not installed")
+            sys.exit(f"harness: {tool} is not installed (Debian: {DEBIAN_PACKAGES[tool]})")
         out[tool] = path
     if tls:
         out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
