@@ -53,7 +53,7 @@
 mod service;
 mod sync;
 
-pub use service::{BreakerLayer, BreakerService, PermitBody, ResponseFuture};
+pub use service::{BreakerLayer, BreakerService, Exempt, NoneExempt, PermitBody, ResponseFuture};
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -12,12 +12,35 @@ use tower::{Layer, Service};
 
 use crate::{Acquire, Breaker, Permit, QueueFull};
 
+/// Which requests pass a [`BreakerService`] without a slot.
+pub trait Exempt<B> {
+    /// Whether `req` passes without a slot.
+    fn exempt(&self, req: &Request<B>) -> bool;
+}
+
+/// Requests whose headers satisfy the function are exempt.
+impl<B, F: Fn(&HeaderMap) -> bool> Exempt<B> for F {
+    fn exempt(&self, req: &Request<B>) -> bool {
+        self(req.headers())
+    }
+}
+
+/// No request is exempt.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoneExempt;
+
+impl<B> Exempt<B> for NoneExempt {
+    fn exempt(&self, _: &Request<B>) -> bool {
+        false
+    }
+}
+
 /// Builds [`BreakerService`]s.
 #[derive(Debug, Clone)]
-pub struct BreakerLayer<R> {
+pub struct BreakerLayer<R, E = NoneExempt> {
     breaker: Option<Breaker>,
     reject: R,
-    exempt: fn(&HeaderMap) -> bool,
+    exempt: E,
 }
 
 impl<R> BreakerLayer<R> {
@@ -27,27 +50,33 @@ impl<R> BreakerLayer<R> {
         BreakerLayer {
             breaker,
             reject,
-            exempt: |_| false,
+            exempt: NoneExempt,
         }
-    }
-
-    /// Lets the requests whose headers satisfy `exempt` through without a
-    /// slot (a sidecar's own health checks, for instance).
-    pub fn exempt(mut self, exempt: fn(&HeaderMap) -> bool) -> Self {
-        self.exempt = exempt;
-        self
     }
 }
 
-impl<S, R: Clone> Layer<S> for BreakerLayer<R> {
-    type Service = BreakerService<S, R>;
+impl<R, E> BreakerLayer<R, E> {
+    /// Lets the requests `exempt` names through without a slot (a
+    /// sidecar's own health checks, for instance): a function of the
+    /// headers, or any [`Exempt`].
+    pub fn exempt<X>(self, exempt: X) -> BreakerLayer<R, X> {
+        BreakerLayer {
+            breaker: self.breaker,
+            reject: self.reject,
+            exempt,
+        }
+    }
+}
+
+impl<S, R: Clone, E: Clone> Layer<S> for BreakerLayer<R, E> {
+    type Service = BreakerService<S, R, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BreakerService {
             inner,
             breaker: self.breaker.clone(),
             reject: self.reject.clone(),
-            exempt: self.exempt,
+            exempt: self.exempt.clone(),
         }
     }
 }
@@ -60,17 +89,18 @@ impl<S, R: Clone> Layer<S> for BreakerLayer<R> {
 /// covers the whole exchange, streamed bodies included. A refused request
 /// gets the response the layer's `reject` function makes.
 #[derive(Debug, Clone)]
-pub struct BreakerService<S, R> {
+pub struct BreakerService<S, R, E = NoneExempt> {
     inner: S,
     breaker: Option<Breaker>,
     reject: R,
-    exempt: fn(&HeaderMap) -> bool,
+    exempt: E,
 }
 
-impl<S, R, ReqBody, ResBody> Service<Request<ReqBody>> for BreakerService<S, R>
+impl<S, R, E, ReqBody, ResBody> Service<Request<ReqBody>> for BreakerService<S, R, E>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     R: Fn(QueueFull) -> Response<ResBody>,
+    E: Exempt<ReqBody>,
 {
     type Response = Response<PermitBody<ResBody>>;
     type Error = S::Error;
@@ -82,7 +112,7 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let breaker = match &self.breaker {
-            Some(breaker) if !(self.exempt)(req.headers()) => breaker,
+            Some(breaker) if !self.exempt.exempt(&req) => breaker,
             _ => return ResponseFuture::called(self.inner.call(req), None),
         };
         let mut acquire = match breaker.acquire() {

@@ -8,15 +8,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Frame, SizeHint};
 
 /// The request body type of the service behind [`serve`](super::serve):
 /// the owner's own, made from what the server read.
+///
+/// Each is given the head's fields, so that what the owner wants to know
+/// of them can be found once, as the request comes in.
 pub trait MakeBody {
-    /// A request without a body.
-    fn empty() -> Self;
-    /// A request whose body was read whole with its head.
-    fn whole(body: WholeBody) -> Self;
+    /// The body of a request without one, whose head has `headers`.
+    fn empty(headers: &HeaderMap) -> Self;
+    /// A body read whole with its head, whose fields are `headers`.
+    fn whole(body: WholeBody, headers: &HeaderMap) -> Self;
 }
 
 /// A request body read whole by qproxy's own HTTP/1.1 server, which

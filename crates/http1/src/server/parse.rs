@@ -98,7 +98,7 @@ pub(crate) fn parse<RB: MakeBody>(raw: &Bytes, spare: &mut HeaderMap) -> Request
     }
     let mut body_read = None;
     let body = match length {
-        None | Some(0) => RB::empty(),
+        None | Some(0) => RB::empty(&headers),
         // hyper answers `Expect: 100-continue` as the body is first read.
         Some(_) if expect => return RequestParse::Hyper,
         // A body small enough to be served here, whole.
@@ -113,7 +113,7 @@ pub(crate) fn parse<RB: MakeBody>(raw: &Bytes, spare: &mut HeaderMap) -> Request
             let (body, read) = WholeBody::new(raw.slice(len..end));
             len = end;
             body_read = Some(read);
-            RB::whole(body)
+            RB::whole(body, &headers)
         }
         // hyper streams a larger one to the app as it comes.
         Some(_) => return RequestParse::Hyper,
@@ -142,11 +142,11 @@ mod tests {
     }
 
     impl MakeBody for TestBody {
-        fn empty() -> Self {
+        fn empty(_: &HeaderMap) -> Self {
             TestBody::Empty
         }
 
-        fn whole(body: WholeBody) -> Self {
+        fn whole(body: WholeBody, _: &HeaderMap) -> Self {
             TestBody::Whole(body)
         }
     }

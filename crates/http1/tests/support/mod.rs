@@ -29,11 +29,11 @@ pub(crate) enum TestBody {
 }
 
 impl MakeBody for TestBody {
-    fn empty() -> Self {
+    fn empty(_: &http::HeaderMap) -> Self {
         TestBody::Empty
     }
 
-    fn whole(body: WholeBody) -> Self {
+    fn whole(body: WholeBody, _: &http::HeaderMap) -> Self {
         TestBody::Whole(body)
     }
 }

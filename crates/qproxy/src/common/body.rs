@@ -7,10 +7,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
+use http::{HeaderMap, Request};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use qproxy_http1::server::{MakeBody, WholeBody};
 use tokio::sync::mpsc;
+
+use crate::common::facts::{Facts, HasFacts};
 
 /// A type-erased error, as hyper takes from bodies.
 pub(crate) use qproxy_http1::BoxError;
@@ -53,9 +56,17 @@ impl http_body::Body for ReplyBody {
     }
 }
 
-/// A request body on its way to the user container.
+/// A request body on its way to the user container, and its request's
+/// [`Facts`], found where the head was read.
 #[derive(Debug)]
-pub(crate) enum RequestBody {
+pub(crate) struct RequestBody {
+    pub(crate) content: Content,
+    pub(crate) facts: Facts,
+}
+
+/// What a [`RequestBody`] holds.
+#[derive(Debug)]
+pub(crate) enum Content {
     /// Streamed from the client.
     Client(Incoming),
     /// No body. A request without one can be sent again.
@@ -68,24 +79,40 @@ pub(crate) enum RequestBody {
 }
 
 impl RequestBody {
-    /// The client's body, or [`RequestBody::Empty`] when it has none, so
-    /// that the request stays replayable.
-    pub(crate) fn from_client(body: Incoming) -> Self {
-        if http_body::Body::is_end_stream(&body) {
-            RequestBody::Empty
-        } else {
-            RequestBody::Client(body)
-        }
+    /// `content`, of a request with `facts`.
+    pub(crate) fn new(content: Content, facts: Facts) -> Self {
+        Self { content, facts }
+    }
+
+    /// The body of a request hyper read, and its facts: the client's
+    /// body, or [`Content::Empty`] when it has none, so that the request
+    /// stays replayable.
+    pub(crate) fn from_client(req: Request<Incoming>) -> Request<Self> {
+        let facts = Facts::of(req.headers());
+        req.map(|body| {
+            let content = if http_body::Body::is_end_stream(&body) {
+                Content::Empty
+            } else {
+                Content::Client(body)
+            };
+            RequestBody::new(content, facts)
+        })
     }
 }
 
 impl MakeBody for RequestBody {
-    fn empty() -> Self {
-        RequestBody::Empty
+    fn empty(headers: &HeaderMap) -> Self {
+        RequestBody::new(Content::Empty, Facts::of(headers))
     }
 
-    fn whole(body: WholeBody) -> Self {
-        RequestBody::Full(body)
+    fn whole(body: WholeBody, headers: &HeaderMap) -> Self {
+        RequestBody::new(Content::Full(body), Facts::of(headers))
+    }
+}
+
+impl HasFacts for RequestBody {
+    fn facts(req: &Request<Self>) -> Facts {
+        req.body().facts
     }
 }
 
@@ -97,33 +124,33 @@ impl http_body::Body for RequestBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            RequestBody::Client(b) => Pin::new(b).poll_frame(cx),
-            RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Full(body) => Pin::new(body)
+        match &mut self.get_mut().content {
+            Content::Client(b) => Pin::new(b).poll_frame(cx),
+            Content::Empty => Poll::Ready(None),
+            Content::Full(body) => Pin::new(body)
                 .poll_frame(cx)
                 .map_err(|never| match never {}),
-            RequestBody::Tunnel(rx) => rx
+            Content::Tunnel(rx) => rx
                 .poll_recv(cx)
                 .map(|data| data.map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            RequestBody::Client(b) => b.is_end_stream(),
-            RequestBody::Empty => true,
-            RequestBody::Full(body) => body.is_end_stream(),
-            RequestBody::Tunnel(_) => false,
+        match &self.content {
+            Content::Client(b) => b.is_end_stream(),
+            Content::Empty => true,
+            Content::Full(body) => body.is_end_stream(),
+            Content::Tunnel(_) => false,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            RequestBody::Client(b) => b.size_hint(),
-            RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Full(body) => body.size_hint(),
-            RequestBody::Tunnel(_) => SizeHint::default(),
+        match &self.content {
+            Content::Client(b) => b.size_hint(),
+            Content::Empty => SizeHint::with_exact(0),
+            Content::Full(body) => body.size_hint(),
+            Content::Tunnel(_) => SizeHint::default(),
         }
     }
 }
@@ -404,7 +431,7 @@ mod tests {
     fn a_whole_request_body_is_one_frame_and_replayable_when_empty() {
         let mut waker_cx = Context::from_waker(std::task::Waker::noop());
         let (whole, read) = WholeBody::new(Bytes::from_static(b"hello"));
-        let mut body = RequestBody::whole(whole);
+        let mut body = RequestBody::whole(whole, &HeaderMap::new());
         assert_eq!(body.size_hint().exact(), Some(5));
         assert!(!read.is_read());
         let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut waker_cx) else {
@@ -413,6 +440,6 @@ mod tests {
         assert_eq!(frame.into_data().unwrap(), "hello");
         assert!(read.is_read(), "the server learns the body was read");
         assert!(body.is_end_stream());
-        assert!(RequestBody::empty().is_end_stream());
+        assert!(RequestBody::empty(&HeaderMap::new()).is_end_stream());
     }
 }

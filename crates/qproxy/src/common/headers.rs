@@ -1,7 +1,7 @@
 //! Header names Knative gives meaning to, as constants so the hot path never
 //! parses a name.
 
-use http::header::{HeaderName, USER_AGENT};
+use http::header::{self, CONNECTION, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue};
 
 /// Original `Host`, set by the activator to dodge host-based routing; the
@@ -41,8 +41,57 @@ pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-c
 /// Hop-by-hop `Keep-Alive`.
 pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
-/// `User-Agent` prefix of kubelet probes.
-pub(crate) const KUBE_PROBE_UA_PREFIX: &[u8] = b"kube-probe/";
+/// Fields that are always hop-by-hop, besides those named in `Connection`
+/// (at most eight: [`HopFields`] has a bit for each). `Connection` is the
+/// first.
+pub(crate) const HOP_HEADERS: [HeaderName; 8] = [
+    CONNECTION,
+    PROXY_CONNECTION,
+    KEEP_ALIVE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    TE,
+    TRANSFER_ENCODING,
+    UPGRADE,
+];
+
+/// Which of [`HOP_HEADERS`] a message has, one bit each: most messages
+/// have none (a gRPC request has `TE` alone).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HopFields(u8);
+
+impl HopFields {
+    /// The hop-by-hop fields of `headers`, in one pass over their names.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let mut present = HopFields::default();
+        for name in headers.keys() {
+            if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == name) {
+                present.insert(i);
+            }
+        }
+        present
+    }
+
+    /// Notes the `i`th of [`HOP_HEADERS`].
+    pub(crate) fn insert(&mut self, i: usize) {
+        self.0 |= 1 << i;
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether the `i`th of [`HOP_HEADERS`] is there.
+    pub(crate) fn has(self, i: usize) -> bool {
+        self.0 & (1 << i) != 0
+    }
+
+    /// Whether `Upgrade` is there.
+    pub(crate) fn has_upgrade(self) -> bool {
+        self.has(HOP_HEADERS.len() - 1)
+    }
+}
 
 /// The first value of each of `names` in `headers`, as
 /// [`HeaderMap::get`] gives it, found in one pass over the fields.
@@ -70,39 +119,6 @@ pub(crate) fn first_values<'a, const N: usize>(
     found
 }
 
-/// Whether a request is a kubelet probe, as knative.dev/networking decides:
-/// a `kube-probe/` user agent or any non-empty `K-Kubelet-Probe`.
-pub(crate) fn is_kubelet_probe(headers: &HeaderMap) -> bool {
-    let [ua, kubelet] = first_values(headers, [&USER_AGENT, &K_KUBELET_PROBE]);
-    kubelet_probe(ua, kubelet)
-}
-
-/// [`is_kubelet_probe`] of a request with this `User-Agent` and
-/// `K-Kubelet-Probe`.
-pub(crate) fn kubelet_probe(ua: Option<&HeaderValue>, kubelet: Option<&HeaderValue>) -> bool {
-    ua.is_some_and(|ua| ua.as_bytes().starts_with(KUBE_PROBE_UA_PREFIX))
-        || kubelet.is_some_and(|v| !v.is_empty())
-}
-
-/// Whether Knative counts a request as a probe (kept out of request
-/// metrics and, unless asked, request logs): a kubelet probe or any
-/// `K-Network-Probe`.
-pub(crate) fn is_probe(headers: &HeaderMap) -> bool {
-    let [ua, kubelet, network] =
-        first_values(headers, [&USER_AGENT, &K_KUBELET_PROBE, &K_NETWORK_PROBE]);
-    probe(ua, kubelet, network)
-}
-
-/// [`is_probe`] of a request with this `User-Agent`, `K-Kubelet-Probe`
-/// and `K-Network-Probe`.
-pub(crate) fn probe(
-    ua: Option<&HeaderValue>,
-    kubelet: Option<&HeaderValue>,
-    network: Option<&HeaderValue>,
-) -> bool {
-    kubelet_probe(ua, kubelet) || network.is_some_and(|v| !v.is_empty())
-}
-
 /// A header map from name/value pairs, for tests.
 #[cfg(test)]
 pub(crate) fn header_map(pairs: &[(&str, &str)]) -> http::HeaderMap {
@@ -119,6 +135,7 @@ pub(crate) fn header_map(pairs: &[(&str, &str)]) -> http::HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::USER_AGENT;
 
     #[test]
     fn first_values_are_what_get_gives() {
@@ -144,18 +161,5 @@ mod tests {
         assert_eq!(found[0].map(HeaderValue::as_bytes), Some(&b"a"[..]));
         assert_eq!(found[3], None);
         assert_eq!(first_values(&HeaderMap::new(), [&USER_AGENT]), [None]);
-    }
-
-    #[test]
-    fn probes_are_told_by_their_fields() {
-        assert!(is_kubelet_probe(&header_map(&[(
-            "user-agent",
-            "kube-probe/1"
-        )])));
-        assert!(is_kubelet_probe(&header_map(&[("k-kubelet-probe", "1")])));
-        assert!(!is_kubelet_probe(&header_map(&[("k-kubelet-probe", "")])));
-        assert!(!is_kubelet_probe(&header_map(&[("user-agent", "curl")])));
-        assert!(is_probe(&header_map(&[("k-network-probe", "queue")])));
-        assert!(!is_probe(&header_map(&[("host", "a")])));
     }
 }

@@ -8,6 +8,7 @@
 
 pub(crate) mod body;
 pub(crate) mod crypto;
+pub(crate) mod facts;
 pub(crate) mod go;
 pub(crate) mod headers;
 pub(crate) mod outcome;

@@ -5,16 +5,16 @@
 //! finds both full is answered `503` `pending request queue full` at once.
 //! Kubelet probes never take a slot. With `0` there is no limit.
 
-use breaker::{Breaker, BreakerLayer, PermitBody, QueueFull};
-use http::{Response, StatusCode};
+use breaker::{Breaker, BreakerLayer, Exempt, PermitBody, QueueFull};
+use http::{Request, Response, StatusCode};
 
 use crate::common::body::ReplyBody;
-use crate::common::headers::is_kubelet_probe;
+use crate::common::facts::{HasFacts, facts};
 use crate::common::reply::http_error;
 
 /// The breaker layer of the main port, whose inner responses have bodies
 /// of type `B`.
-pub(crate) type ConcurrencyLayer<B> = BreakerLayer<fn(QueueFull) -> Response<B>>;
+pub(crate) type ConcurrencyLayer<B> = BreakerLayer<fn(QueueFull) -> Response<B>, KubeletProbes>;
 
 /// The breaker Knative's queue-proxy builds for `container_concurrency`, if
 /// any: `container_concurrency` slots and ten times as many places in the
@@ -34,7 +34,18 @@ pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
 /// Limits the requests reaching the app with `breaker`.
 pub(crate) fn layer<B: From<ReplyBody>>(breaker: Option<Breaker>) -> ConcurrencyLayer<B> {
     BreakerLayer::new(breaker, queue_full::<B> as fn(QueueFull) -> Response<B>)
-        .exempt(is_kubelet_probe)
+        .exempt(KubeletProbes)
+}
+
+/// Kubelet probes pass the breaker without a slot, as Knative's handler
+/// lets them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KubeletProbes;
+
+impl<B: HasFacts> Exempt<B> for KubeletProbes {
+    fn exempt(&self, req: &Request<B>) -> bool {
+        facts(req).is_kubelet_probe()
+    }
 }
 
 /// Go's `http.Error(w, err.Error(), 503)`.

@@ -11,6 +11,7 @@
 use http::{HeaderMap, HeaderValue, Request};
 
 use super::Rewrite;
+use crate::common::facts::{HasFacts, facts};
 use crate::common::headers::{
     FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, first_values,
 };
@@ -21,8 +22,12 @@ use crate::common::headers::{
 pub(crate) struct ForwardedShim;
 
 impl Rewrite for ForwardedShim {
-    fn rewrite<B>(&self, req: &mut Request<B>) {
-        shim(req.headers_mut());
+    fn rewrite<B: HasFacts>(&self, req: &mut Request<B>) {
+        // Most requests carry neither `Forwarded` nor `X-Forwarded-*`:
+        // the facts tell, with no pass over the fields.
+        if facts(req).wants_forwarded() {
+            shim(req.headers_mut());
+        }
     }
 }
 

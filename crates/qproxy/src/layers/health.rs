@@ -21,26 +21,18 @@
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::USER_AGENT;
 use http::{HeaderMap, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::common::body::ReplyBody;
-use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE, KUBE_PROBE_UA_PREFIX, first_values};
+use crate::common::facts::{HasFacts, HealthKind, facts};
+use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE};
 use crate::common::reply::{Answering, http_error, text};
 use crate::drain::Drainer;
 use crate::readiness::Readiness;
 
-/// User agents whose requests are health checks, besides the kubelet's.
-const HEALTH_CHECK_UA_PREFIXES: [&[u8]; 3] = [
-    KUBE_PROBE_UA_PREFIX,
-    b"Knative-Activator-Probe",
-    b"Knative-Autoscaling-Probe",
-];
 /// `K-Network-Probe` value of health checks.
 const QUEUE: &[u8] = b"queue";
-/// `K-Network-Probe` value of network probes.
-const PROBE: &[u8] = b"probe";
 
 /// Adds [`Health`] to a stack.
 #[derive(Debug, Clone)]
@@ -76,28 +68,10 @@ pub(crate) struct Health<S> {
     readiness: Readiness,
 }
 
-/// What kind of request this is to the drainer.
-enum RequestKind {
-    HealthCheck,
-    NetworkProbe,
-    Other,
-}
-
-fn kind(headers: &HeaderMap) -> RequestKind {
-    let [ua, network] = first_values(headers, [&USER_AGENT, &K_NETWORK_PROBE]);
-    let ua = ua.map_or(&b""[..], |v| v.as_bytes());
-    if HEALTH_CHECK_UA_PREFIXES.iter().any(|p| ua.starts_with(p)) {
-        RequestKind::HealthCheck
-    } else if network.is_some_and(|v| v.as_bytes() == PROBE) {
-        RequestKind::NetworkProbe
-    } else {
-        RequestKind::Other
-    }
-}
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Health<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: HasFacts,
     ResBody: From<ReplyBody>,
 {
     type Response = Response<ResBody>;
@@ -109,8 +83,8 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        match kind(req.headers()) {
-            RequestKind::Other => {
+        match facts(&req).health() {
+            HealthKind::Other => {
                 self.drainer.request_arrived();
                 Answering::inner(self.inner.call(req))
             }
@@ -118,8 +92,8 @@ where
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting down\n",
             )),
-            RequestKind::NetworkProbe => Answering::now(network_probe(req.headers())),
-            RequestKind::HealthCheck => health_check(req.headers(), &self.readiness),
+            HealthKind::NetworkProbe => Answering::now(network_probe(req.headers())),
+            HealthKind::HealthCheck => health_check(req.headers(), &self.readiness),
         }
     }
 }
@@ -173,44 +147,4 @@ fn not_ready() -> Response<ReplyBody> {
     let mut res = Response::new(ReplyBody::empty());
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     res
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::common::headers::header_map as headers;
-
-    #[test]
-    fn tells_health_checks_by_user_agent_alone() {
-        for ua in [
-            "kube-probe/1.29",
-            "Knative-Activator-Probe",
-            "Knative-Autoscaling-Probe/1",
-        ] {
-            assert!(matches!(
-                kind(&headers(&[("user-agent", ua)])),
-                RequestKind::HealthCheck
-            ));
-        }
-        for other in [
-            headers(&[("user-agent", "curl/8"), ("k-kubelet-probe", "1")]),
-            headers(&[("user-agent", "Kube-Probe/1.29")]),
-            headers(&[("k-network-probe", "queue")]),
-        ] {
-            assert!(matches!(kind(&other), RequestKind::Other));
-        }
-        assert!(matches!(
-            kind(&headers(&[("k-network-probe", "probe")])),
-            RequestKind::NetworkProbe
-        ));
-        // A health check's user agent wins over a network probe header.
-        assert!(matches!(
-            kind(&headers(&[
-                ("user-agent", "kube-probe/1"),
-                ("k-network-probe", "probe")
-            ])),
-            RequestKind::HealthCheck
-        ));
-    }
 }

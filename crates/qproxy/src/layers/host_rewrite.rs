@@ -6,12 +6,13 @@
 //! non-empty `K-Original-Host` becomes the request's host and is removed.
 //! Kubelet probes are left untouched, as Knative's proxy handler skips them.
 
-use http::header::{HOST, USER_AGENT};
+use http::header::HOST;
 use http::uri::Uri;
 use http::{HeaderMap, Request};
 
 use super::Rewrite;
-use crate::common::headers::{K_KUBELET_PROBE, K_ORIGINAL_HOST, first_values, kubelet_probe};
+use crate::common::facts::{HasFacts, facts};
+use crate::common::headers::K_ORIGINAL_HOST;
 
 /// The rewrite as a [`Rewrite`], skipping kubelet probes: apply it with
 /// [`RewriteLayer`](super::RewriteLayer).
@@ -19,14 +20,11 @@ use crate::common::headers::{K_KUBELET_PROBE, K_ORIGINAL_HOST, first_values, kub
 pub(crate) struct HostRewrite;
 
 impl Rewrite for HostRewrite {
-    fn rewrite<B>(&self, req: &mut Request<B>) {
-        let [ua, kubelet, original] = first_values(
-            req.headers(),
-            [&USER_AGENT, &K_KUBELET_PROBE, &K_ORIGINAL_HOST],
-        );
-        // Most requests carry no `K-Original-Host`: one pass over the
-        // fields tells, with no lookup.
-        if original.is_some() && !kubelet_probe(ua, kubelet) {
+    fn rewrite<B: HasFacts>(&self, req: &mut Request<B>) {
+        // Most requests carry no `K-Original-Host`: the facts tell, with
+        // no lookup.
+        let facts = facts(req);
+        if facts.has_original_host() && !facts.is_kubelet_probe() {
             rewrite(req);
         }
     }

@@ -31,7 +31,7 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::common::body::{Guarded, GuardedFuture};
-use crate::common::headers::is_probe;
+use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
 use crate::observe::UserMetrics;
 use crate::observe::opencensus_metrics::{OpenCensusMetrics, Scope, route_tag_unless_probe};
@@ -87,7 +87,7 @@ pub(crate) struct Metrics<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Metrics<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body,
+    ReqBody: http_body::Body + HasFacts,
     ResBody: http_body::Body,
 {
     type Response = Response<MetricsBody<ResBody>>;
@@ -106,17 +106,20 @@ where
         }
         // Probes are not measured, but for current Knative's HTTP client
         // (see `HttpAttributes`), which measures those the proxy passes on.
+        let facts = facts(&req);
         let series = match &layer.metrics {
             Some(UserMetrics::Classic(m)) => {
                 let tag = match layer.scope {
-                    Scope::Revision => route_tag_unless_probe(req.headers()),
-                    Scope::App => (!is_probe(req.headers())).then_some(Cow::Borrowed("")),
+                    Scope::Revision => route_tag_unless_probe(facts, req.headers()),
+                    Scope::App => (!facts.is_probe()).then_some(Cow::Borrowed("")),
                 };
                 tag.map(|tag| MetricsTarget::Classic(m.clone(), tag))
             }
-            Some(UserMetrics::Current(m)) => (layer.scope == Scope::App
-                || !is_probe(req.headers()))
-            .then(|| MetricsTarget::Current(m.clone(), Box::new(HttpAttributes::of(&req)))),
+            Some(UserMetrics::Current(m)) => {
+                (layer.scope == Scope::App || !facts.is_probe()).then(|| {
+                    MetricsTarget::Current(m.clone(), Box::new(HttpAttributes::of(&req, facts)))
+                })
+            }
             None => None,
         };
         let measuring = series.map(|series| {

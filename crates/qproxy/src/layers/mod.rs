@@ -21,10 +21,12 @@ use std::task::{Context, Poll};
 use http::Request;
 use tower::{Layer, Service};
 
+use crate::common::facts::HasFacts;
+
 /// A change made to every request before the inner service sees it.
 pub(crate) trait Rewrite: Clone {
     /// Changes `req` in place.
-    fn rewrite<B>(&self, req: &mut Request<B>);
+    fn rewrite<B: HasFacts>(&self, req: &mut Request<B>);
 }
 
 /// Applies a [`Rewrite`] to every request of the service it wraps.
@@ -61,6 +63,7 @@ pub(crate) struct Rewritten<R, S> {
 impl<R, S, B> Service<Request<B>> for Rewritten<R, S>
 where
     R: Rewrite,
+    B: HasFacts,
     S: Service<Request<B>>,
 {
     type Response = S::Response;

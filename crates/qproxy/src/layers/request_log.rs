@@ -18,7 +18,7 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::common::body::{Guarded, GuardedFuture};
-use crate::common::headers::is_probe;
+use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 
@@ -57,7 +57,7 @@ pub(crate) struct RequestLogging<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestLogging<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body,
+    ReqBody: http_body::Body + HasFacts,
     ResBody: http_body::Body,
 {
     type Response = Response<LoggedBody<ResBody>>;
@@ -70,7 +70,7 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let entry = match &self.layer.log {
-            Some(log) if log.logs_probes() || !is_probe(req.headers()) => Some(Observed::new(
+            Some(log) if log.logs_probes() || !facts(&req).is_probe() => Some(Observed::new(
                 req.method(),
                 Entry {
                     arrived: log.arrived(&req, self.layer.remote),

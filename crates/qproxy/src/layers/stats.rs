@@ -11,15 +11,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
-use http::header::USER_AGENT;
 use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::common::body::{Guarded, GuardedFuture, Settle};
-use crate::common::headers::{K_KUBELET_PROBE, K_PROXY_REQUEST, first_values, kubelet_probe};
-
-/// The `K-Proxy-Request` value of requests the activator forwards.
-const ACTIVATOR: &str = "activator";
+use crate::common::facts::{HasFacts, facts};
 
 /// Adds [`Stats`] to a stack.
 #[derive(Debug, Clone)]
@@ -58,6 +54,7 @@ pub(crate) struct Stats<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Stats<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: HasFacts,
     ResBody: http_body::Body,
 {
     type Response = Response<StatsBody<ResBody>>;
@@ -69,14 +66,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let [ua, kubelet, proxied] = first_values(
-            req.headers(),
-            [&USER_AGENT, &K_KUBELET_PROBE, &K_PROXY_REQUEST],
-        );
-        let guard = (!kubelet_probe(ua, kubelet)).then(|| {
-            let proxied = proxied.is_some_and(|v| v == ACTIVATOR);
-            InFlight::enter(self.stats.clone(), self.clock, proxied)
-        });
+        let facts = facts(&req);
+        let guard = (!facts.is_kubelet_probe())
+            .then(|| InFlight::enter(self.stats.clone(), self.clock, facts.activator_proxied()));
         GuardedFuture::new(self.inner.call(req), guard)
     }
 }

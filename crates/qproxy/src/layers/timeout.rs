@@ -37,7 +37,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::UPGRADE;
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -45,6 +44,7 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
 use crate::common::body::{BoxError, ReplyBody};
+use crate::common::facts::{HasFacts, facts};
 use crate::common::go::go_duration;
 use crate::common::reply::text;
 use crate::common::tunnel_registry::TunnelDeadline;
@@ -98,6 +98,7 @@ pub(crate) struct Timeout<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Timeout<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible>,
+    ReqBody: HasFacts,
     ResBody: http_body::Body + From<ReplyBody>,
 {
     type Response = Response<TimeoutBody<ResBody>>;
@@ -113,7 +114,7 @@ where
         let (deadline, _) = deadlines.before_start();
         // Only a request asking to upgrade, or a `CONNECT`, can open a
         // tunnel; the others are spared the allocation of an extensions map.
-        if req.method() == Method::CONNECT || req.headers().contains_key(UPGRADE) {
+        if req.method() == Method::CONNECT || facts(&req).has_upgrade() {
             req.extensions_mut().insert(TunnelDeadline(deadline));
         }
         TimeoutFuture {

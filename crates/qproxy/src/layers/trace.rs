@@ -16,7 +16,7 @@ use opentelemetry::trace::TraceContextExt;
 use tower::{Layer, Service};
 
 use crate::common::body::{Guarded, GuardedFuture, Settle};
-use crate::common::headers::{is_kubelet_probe, is_probe};
+use crate::common::facts::{HasFacts, facts};
 use crate::config::Generation;
 use crate::observe::traces::{Sizes, Traces};
 
@@ -97,7 +97,7 @@ struct ProxySpans {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Trace<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body,
+    ReqBody: http_body::Body + HasFacts,
     ResBody: http_body::Body,
 {
     type Response = Response<TracedBody<ResBody>>;
@@ -118,7 +118,7 @@ where
 }
 
 /// Starts this position's span for `req`; what ends it.
-fn start<B: http_body::Body>(
+fn start<B: http_body::Body + HasFacts>(
     traces: &Traces,
     position: Position,
     req: &mut Request<B>,
@@ -126,7 +126,7 @@ fn start<B: http_body::Body>(
     match position {
         Position::Server(remote) => {
             // Current Knative's handler skips every probe.
-            if traces.generation() == Generation::Current && is_probe(req.headers()) {
+            if traces.generation() == Generation::Current && facts(req).is_probe() {
                 return None;
             }
             let parent = traces.extract(req.headers());
@@ -140,7 +140,7 @@ fn start<B: http_body::Body>(
         Position::Proxy { breaker } => {
             let ServerSpan(server) = req.extensions().get::<ServerSpan>()?.clone();
             // Kubelet probes get no proxy span.
-            if is_kubelet_probe(req.headers()) {
+            if facts(req).is_kubelet_probe() {
                 return None;
             }
             let proxy = server.with_span(traces.internal_span(false, &server));
@@ -162,7 +162,7 @@ fn start<B: http_body::Body>(
                 // Current Knative's HTTP client traces every request it
                 // sends, a probe passed on to the app too: with no server
                 // span to follow, as the root of a trace of its own.
-                if traces.generation() == Generation::Current && is_probe(req.headers()) {
+                if traces.generation() == Generation::Current && facts(req).is_probe() {
                     let root = Context::new();
                     let span = traces.client_span(req, &root);
                     return Some(Spanned::http(traces, root.with_span(span), None));

@@ -32,6 +32,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+use crate::common::facts::Facts;
 use crate::config::Revision;
 
 /// Knative's latency buckets, in milliseconds.
@@ -366,26 +367,25 @@ const DEFAULT_ROUTE_TAG: &str = "DISABLED";
 
 /// The route tag label of a request Knative measures, as Knative names it
 /// (allocating only for a named tag), or `None` for a probe, which is not
-/// measured: both from one pass over the request's fields.
-pub(crate) fn route_tag_unless_probe(headers: &http::HeaderMap) -> Option<Cow<'static, str>> {
+/// measured. The fields are read only when the request names a route.
+pub(crate) fn route_tag_unless_probe(
+    facts: Facts,
+    headers: &http::HeaderMap,
+) -> Option<Cow<'static, str>> {
     use crate::common::headers::{
-        K_KUBELET_PROBE, K_NETWORK_PROBE, KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG,
-        first_values, probe,
+        KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_TAG, first_values,
     };
-    let [ua, kubelet, network, tag, default_route] = first_values(
-        headers,
-        [
-            &http::header::USER_AGENT,
-            &K_KUBELET_PROBE,
-            &K_NETWORK_PROBE,
-            &KNATIVE_SERVING_TAG,
-            &KNATIVE_SERVING_DEFAULT_ROUTE,
-        ],
-    );
-    if probe(ua, kubelet, network) {
+    if facts.is_probe() {
         return None;
     }
-    let [tag, default_route] = [tag, default_route].map(|v| v.map_or(&b""[..], |v| v.as_bytes()));
+    if !facts.names_route() {
+        return Some(Cow::Borrowed(DEFAULT_ROUTE_TAG));
+    }
+    let [tag, default_route] = first_values(
+        headers,
+        [&KNATIVE_SERVING_TAG, &KNATIVE_SERVING_DEFAULT_ROUTE],
+    )
+    .map(|v| v.map_or(&b""[..], |v| v.as_bytes()));
     Some(match (tag.is_empty(), default_route) {
         (true, b"") => Cow::Borrowed(DEFAULT_ROUTE_TAG),
         (true, _) => Cow::Borrowed("DEFAULT"),
@@ -413,7 +413,8 @@ mod tests {
     #[test]
     fn route_tags_follow_knative() {
         let tag = |pairs: &[(&str, &str)]| {
-            route_tag_unless_probe(&header_map(pairs))
+            let headers = header_map(pairs);
+            route_tag_unless_probe(Facts::of(&headers), &headers)
                 .expect("not a probe")
                 .into_owned()
         };
@@ -434,7 +435,6 @@ mod tests {
 
     #[test]
     fn probes_have_no_route_tag_as_is_probe_decides() {
-        use crate::common::headers::is_probe;
         for pairs in [
             &[("user-agent", "kube-probe/1.30")][..],
             &[("k-kubelet-probe", "queue")],
@@ -446,9 +446,10 @@ mod tests {
             &[("user-agent", "curl/8"), ("knative-serving-tag", "blue")],
         ] {
             let headers = header_map(pairs);
+            let facts = Facts::of(&headers);
             assert_eq!(
-                route_tag_unless_probe(&headers).is_none(),
-                is_probe(&headers),
+                route_tag_unless_probe(facts, &headers).is_none(),
+                facts.is_probe(),
                 "{pairs:?}"
             );
         }

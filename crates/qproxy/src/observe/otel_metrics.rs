@@ -45,7 +45,7 @@ use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicRead
 use opentelemetry_sdk::metrics::{Instrument, SdkMeterProvider, Stream};
 use opentelemetry_sdk::runtime::Tokio;
 
-use crate::common::headers::is_probe;
+use crate::common::facts::Facts;
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
 use crate::observe::export::{ExportError, Signal};
 use crate::observe::opencensus_metrics::{read, write};
@@ -117,10 +117,13 @@ pub(crate) struct HttpAttributes {
 
 impl HttpAttributes {
     /// The attributes of `req`.
-    pub(crate) fn of<B: http_body::Body>(req: &http::Request<B>) -> Self {
-        let headers = req.headers();
+    pub(crate) fn of<B: http_body::Body>(req: &http::Request<B>, facts: Facts) -> Self {
         let (host, port) = semconv::split_host(semconv::host(req));
-        let route_tag = RouteTag::of(headers);
+        let route_tag = if facts.names_route() {
+            RouteTag::of(req.headers())
+        } else {
+            RouteTag::DISABLED
+        };
         Self {
             method: semconv::method(req.method()),
             version: semconv::protocol_version(req.version()),
@@ -128,7 +131,7 @@ impl HttpAttributes {
             port: port.map(str::to_owned),
             route_tag,
             request_size: req.body().size_hint().exact().unwrap_or(0),
-            probe: is_probe(headers),
+            probe: facts.is_probe(),
         }
     }
 

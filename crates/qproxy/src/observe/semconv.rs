@@ -32,6 +32,9 @@ pub(crate) enum RouteTag {
 }
 
 impl RouteTag {
+    /// The route tag of a request that names no route.
+    pub(crate) const DISABLED: RouteTag = RouteTag::Known("kn:disabled");
+
     /// The route tag of a request with `headers`.
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         let get = |name| {
@@ -44,7 +47,7 @@ impl RouteTag {
             get(&KNATIVE_SERVING_TAG),
             get(&KNATIVE_SERVING_DEFAULT_ROUTE),
         ) {
-            ("", "") => RouteTag::Known("kn:disabled"),
+            ("", "") => RouteTag::DISABLED,
             ("", _) => RouteTag::Known("kn:default"),
             (_, "true") => RouteTag::Known("kn:undefined"),
             (tag, _) => RouteTag::Tag(tag.to_owned()),

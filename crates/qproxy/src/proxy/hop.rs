@@ -9,24 +9,11 @@
 //! Go removes it but rebuilds it from the trailers it forwards, and the
 //! announcement is what lets trailers pass over HTTP/1.1.
 
-use http::header::{CONNECTION, HeaderName, HeaderValue, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, header};
+use http::HeaderMap;
+use http::header::{CONNECTION, HeaderName, HeaderValue, TE, TRAILER, UPGRADE};
 use qproxy_http1::wire::token::any_value_has;
 
-use crate::common::headers::{KEEP_ALIVE, PROXY_CONNECTION};
-
-/// Headers that are always hop-by-hop, besides those named in `Connection`
-/// (at most eight: [`Present`] has a bit for each).
-const HOP_HEADERS: [HeaderName; 8] = [
-    CONNECTION,
-    PROXY_CONNECTION,
-    KEEP_ALIVE,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    TE,
-    TRANSFER_ENCODING,
-    UPGRADE,
-];
+use crate::common::headers::{HOP_HEADERS, HopFields};
 
 /// What an inbound request asked of the connection, read before its
 /// hop-by-hop headers are removed.
@@ -46,7 +33,13 @@ pub struct Hop {
 /// connection's later requests bypass the proxy. Clients that want HTTP/2
 /// use prior knowledge, which the main port serves.
 pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
-    let present = hop_headers(headers);
+    prepare_request_with(headers, HopFields::of(headers))
+}
+
+/// [`prepare_request`] of a request whose hop-by-hop fields are known to
+/// be `present`.
+pub(crate) fn prepare_request_with(headers: &mut HeaderMap, present: HopFields) -> Hop {
+    debug_assert_eq!(present, HopFields::of(headers), "stale hop-by-hop facts");
     if present.is_empty() {
         return Hop::default();
     }
@@ -67,7 +60,7 @@ pub fn prepare_request(headers: &mut HeaderMap) -> Hop {
 
 /// Removes the hop-by-hop headers of a response bound for the client.
 pub fn prepare_response(headers: &mut HeaderMap) {
-    let present = hop_headers(headers);
+    let present = HopFields::of(headers);
     if !present.is_empty() {
         remove_hop_headers(headers, present);
     }
@@ -82,35 +75,9 @@ pub(crate) fn upgrade_type(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers.get(UPGRADE).filter(|v| !v.is_empty())
 }
 
-/// Which of [`HOP_HEADERS`] a message has, one bit each: most messages
-/// have none (a gRPC request has `TE` alone), and one pass over their few
-/// names costs less than looking each of those up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Present(u8);
-
-impl Present {
-    fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    fn has(self, i: usize) -> bool {
-        self.0 & (1 << i) != 0
-    }
-}
-
-fn hop_headers(headers: &HeaderMap) -> Present {
-    let mut present = 0;
-    for name in headers.keys() {
-        if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == name) {
-            present |= 1 << i;
-        }
-    }
-    Present(present)
-}
-
 /// Removes the headers `Connection` names and those of [`HOP_HEADERS`] the
 /// message has (`present`).
-fn remove_hop_headers(headers: &mut HeaderMap, present: Present) {
+fn remove_hop_headers(headers: &mut HeaderMap, present: HopFields) {
     // `Connection` is the first of them.
     if present.has(0) {
         let named: Vec<HeaderName> = headers

@@ -33,7 +33,7 @@ use http::{Method, Request, Response, StatusCode, Version};
 use tokio::sync::mpsc;
 use tower::Service;
 
-use crate::common::body::{ReplyBody, RequestBody};
+use crate::common::body::{Content, ReplyBody, RequestBody};
 use crate::common::headers::{
     KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR,
 };
@@ -86,7 +86,7 @@ impl Service<Request<RequestBody>> for Proxy {
                 }))
             });
         }
-        let whole = matches!(req.body(), RequestBody::Empty | RequestBody::Full(_));
+        let whole = matches!(req.body().content, Content::Empty | Content::Full(_));
         if h2 || hop.upgrade.is_some() || !whole {
             let this = self.clone();
             return Box::pin(async move { Ok(answer(this.forward(req, hop).await)) });
@@ -118,15 +118,13 @@ impl Proxy {
     /// activator's removed, the hop-by-hop ones removed, the client
     /// appended to `X-Forwarded-For`. Returns the upgrade asked for.
     fn prepare(&self, req: &mut Request<RequestBody>) -> hop::Hop {
+        let facts = req.body().facts;
         let headers = req.headers_mut();
-        if headers
-            .keys()
-            .any(|n| n == KNATIVE_SERVING_REVISION || n == KNATIVE_SERVING_NAMESPACE)
-        {
+        if facts.has_activator_routing() {
             headers.remove(KNATIVE_SERVING_REVISION);
             headers.remove(KNATIVE_SERVING_NAMESPACE);
         }
-        let hop = hop::prepare_request(headers);
+        let hop = hop::prepare_request_with(headers, facts.hop());
         append_forwarded_for(headers, &self.client_ip);
         hop
     }
@@ -226,7 +224,9 @@ impl Proxy {
         // One message in flight: the client is read as fast as the app's
         // stream takes it.
         let (to_app, from_client) = mpsc::channel(1);
-        let req = self.h2_request(req.map(|_| RequestBody::Tunnel(from_client)))?;
+        let req = self.h2_request(
+            req.map(|body| RequestBody::new(Content::Tunnel(from_client), body.facts)),
+        )?;
         let mut res = self.upstream.send_h2c(req).await?;
         pass_on(&mut res);
         if res.status().is_success() {

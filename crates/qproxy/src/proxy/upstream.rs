@@ -37,7 +37,7 @@ use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
 use super::h2c;
-use crate::common::body::RequestBody;
+use crate::common::body::{Content, RequestBody};
 use qproxy_http1::client::{self as own, ClientConn, ExchangeError, ResponseBody};
 use qproxy_http1::pool::{Checkin, Idle};
 
@@ -304,8 +304,8 @@ impl WholeRequest {
         ) = req.into_parts();
         // Written from where it is, after the head and in the same write,
         // as hyper's client writes a body it has whole.
-        let body = match body {
-            RequestBody::Full(mut body) => body.take(),
+        let body = match body.content {
+            Content::Full(mut body) => body.take(),
             _ => Bytes::new(),
         };
         headers.clear();
@@ -334,7 +334,7 @@ fn http1_builder() -> http1::Builder {
 /// Whether a request may be sent twice, by Go's rule (`isReplayable`): no
 /// body, and an idempotent method or an idempotency key.
 fn replayable(req: &Request<RequestBody>) -> bool {
-    matches!(req.body(), RequestBody::Empty)
+    matches!(req.body().content, Content::Empty)
         && (matches!(
             *req.method(),
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
@@ -353,7 +353,7 @@ async fn dial(addr: SocketAddr) -> Result<(TcpStream, SocketAddr), UpstreamError
 
 /// A copy of a request that has no body.
 fn copy_bodyless(req: &Request<RequestBody>) -> Request<RequestBody> {
-    let mut copy = Request::new(RequestBody::Empty);
+    let mut copy = Request::new(RequestBody::new(Content::Empty, req.body().facts));
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();
@@ -431,6 +431,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::common::facts::Facts;
     use qproxy_http1::server::WholeBody;
 
     /// Responses read one after another over one kept connection (into
@@ -467,7 +468,7 @@ mod tests {
         for (i, size) in sizes.into_iter().enumerate() {
             let req = Request::get("/")
                 .header(http::header::HOST, "app")
-                .body(RequestBody::Empty)
+                .body(RequestBody::new(Content::Empty, Facts::default()))
                 .unwrap();
             let res = upstream.send_whole(WholeRequest::new(req)).await.unwrap();
             let (parts, body) = res.into_parts();
@@ -548,8 +549,13 @@ mod tests {
         };
         let body = Bytes::from_static(b"{\"a\":\"b c\"}");
         let ours = received(|port| {
-            let req =
-                Request::from_parts(parts(), RequestBody::Full(WholeBody::new(body.clone()).0));
+            let req = Request::from_parts(
+                parts(),
+                RequestBody::new(
+                    Content::Full(WholeBody::new(body.clone()).0),
+                    Facts::default(),
+                ),
+            );
             let whole = WholeRequest::new(req);
             assert!(!whole.again, "a request with a body is never sent again");
             async move {

@@ -20,7 +20,6 @@ use std::time::Duration;
 use super::graceful::{GracefulShutdown, Watcher};
 use bytes::Bytes;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -360,7 +359,7 @@ pub(super) async fn connection<IO, S, B>(
         // hyper reads heads of any length up to its buffer's: those longer
         // than Go reads are refused before the port's service sees them.
         let service = TowerToHyperService::new(HeadLimit::new(
-            service.map_request(|req: Request<Incoming>| req.map(RequestBody::from_client)),
+            service.map_request(RequestBody::from_client),
         ));
         let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
         let served = match h2 {
