@@ -898,13 +898,15 @@ def run_instructions(args, bins):
         for name in (n for n in args.contenders if n in COUNTED):
             for request in COUNTED_REQUESTS:
                 try:
-                    totals = [count_instructions(name, bins, app_port, n, request)
-                              for n in (args.instructions, 2 * args.instructions)]
+                    (t1, p1), (t2, p2) = [count_instructions(name, bins, app_port, n, request)
+                                          for n in (args.instructions, 2 * args.instructions)]
                 except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                     print(f"  {name:17} {request}: not counted: {e}", flush=True)
                     continue
-                n = (totals[1] - totals[0]) / args.instructions
+                n = (t2 - t1) / args.instructions
                 counts.setdefault(name, {})[request] = n
+                parts = {p: (p2.get(p, 0) - p1.get(p, 0)) / args.instructions for p in set(p1) | set(p2)}
+                counts[name][f"{request} parts"] = parts
                 print(f"  {name:17} {request}: {n:,.0f} instructions per request", flush=True)
     finally:
         stop(app)
@@ -949,12 +951,50 @@ def count_instructions(name, bins, app_port, n, request):
             c.stop()
         with open(out) as f:
             m = re.search(r"^totals: (\d+)", f.read(), re.M)
+        parts = instruction_parts(bins, out) if m else {}
     finally:
         if os.path.exists(out):
             os.remove(out)
     if not m:
         raise RuntimeError(f"callgrind wrote no totals for {name}")
-    return int(m.group(1))
+    return int(m.group(1)), parts
+
+
+# Parts of a request, by the functions callgrind charges (their own
+# instructions, not their callees'), first match wins. Release builds
+# inline much into their callers, so a part is where the instructions ran,
+# not every line of its concern.
+PARTS = (
+    ("the client's head read and parsed", r"qproxy_http1::server::parse|httparse::|http::header::name|http::uri::"),
+    ("the response head written", r"qproxy_http1::server::encode|qproxy_http1::wire::title_case|qproxy_http1::wire::date"),
+    ("header maps", r"http::header::map"),
+    ("the exchange with the app", r"qproxy_http1::client|qproxy_http1::pool|qproxy::proxy::"),
+    ("request metrics", r"metrics_exporter_prometheus|metrics::|quanta::|qproxy::observe::"),
+    ("the layers", r"qproxy::layers::|qproxy::stack|breaker::|qproxy::common::|autoscaler_client::"),
+    ("the connections' loops", r"qproxy_http1::|qproxy::server::"),
+    ("HTTP/2 (hyper, h2)", r"hyper::|h2::|hpack"),
+    ("tokio", r"tokio::|mio::"),
+    ("memcpy, the allocator", r"memcpy|memmove|memset|malloc|free|realloc|_int_|tcache"),
+)
+
+
+def instruction_parts(bins, out):
+    """{part: instructions} of a callgrind output, each function's own
+    instructions summed into its part of PARTS (the rest as "other")."""
+    annotate = shutil.which("callgrind_annotate")
+    if not annotate:
+        return {}
+    text = subprocess.run([annotate, "--threshold=100", "--auto=no", "--inclusive=no", out],
+                          capture_output=True, text=True).stdout
+    parts = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?\S*?:(.*?)( \[.*\])?$", line)
+        if not m or "PROGRAM TOTALS" in line:
+            continue
+        function = m.group(2)
+        part = next((p for p, pattern in PARTS if re.search(pattern, function)), "other")
+        parts[part] = parts.get(part, 0) + int(m.group(1).replace(",", ""))
+    return parts
 
 
 def report(args, throughput, concurrency, footprint, allocations=None, instructions=None):
@@ -972,6 +1012,16 @@ def report(args, throughput, concurrency, footprint, allocations=None, instructi
         lines.extend(f"| {name} | " + " | ".join(fmt(by.get(r), digits=0) for r in COUNTED_REQUESTS) + " |"
                      for name, by in instructions.items())
         lines.append("")
+        own = [n for n, by in instructions.items() if n.startswith("qproxy") and by.get("load 1 parts")]
+        if own:
+            lines.append("Load 1's request by part (each function's own instructions, by "
+                         "`PARTS` in the harness):\n")
+            lines.append("| part | " + " | ".join(own) + " |")
+            lines.append("|---" * (1 + len(own)) + "|")
+            for part in [p for p, _ in PARTS] + ["other"]:
+                lines.append(f"| {part} | " + " | ".join(
+                    fmt(instructions[n]["load 1 parts"].get(part), digits=0) for n in own) + " |")
+            lines.append("")
     for variant in args.variants:
         lines.append(f"### Throughput and cost, {variant}\n")
         lines.append("| load | contender | req/s | p50 (h2: mean) | p99 | errors | proxy CPU µs/req | ÷ app CPU | "
@@ -1005,13 +1055,16 @@ def report(args, throughput, concurrency, footprint, allocations=None, instructi
     if footprint:
         lines.append("### Footprint\n")
         lines.append(f"| contender | start-up to first 200 | RSS idle | RSS, 1,000 idle connections | "
-                     f"RSS, 10,000 | idle CPU over {args.idle_seconds} s |")
-        lines.append("|---|---|---|---|---|---|")
+                     f"RSS, 10,000 | per idle connection | idle CPU over {args.idle_seconds} s |")
+        lines.append("|---|---|---|---|---|---|---|")
         for name, r in footprint.items():
             r10k = r["rss_10000"]
+            # What each of the first 1,000 connections added, kept alive
+            # after a request each.
+            per_conn = (r["rss_1000"] - r["idle_rss"]) / 1000
             lines.append(f"| {name} | {r['startup_ms']:.1f} ms | {r['idle_rss'] / 1024:.1f} MiB | "
                          f"{r['rss_1000'] / 1024:.1f} MiB | {fmt(r10k and r10k / 1024, ' MiB')} | "
-                         f"{r['idle_cpu_ms']:.0f} ms |")
+                         f"{per_conn:.1f} KiB | {r['idle_cpu_ms']:.0f} ms |")
         lines.append("")
     return "\n".join(lines)
 
@@ -1039,6 +1092,50 @@ def picture(args, throughput, load, path):
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
     plt.close(fig)
+
+
+def instructions_picture(instructions, path):
+    """Load 1's instructions per request: each qproxy build's as a stack
+    of its parts (PARTS), every other proxy's total beside them, nginx's
+    total drawn across."""
+    plt = plotting.pyplot()
+    names = [n for n, by in instructions.items() if by.get("load 1")]
+    if not names:
+        return False
+    colour = plotting.colours(names)
+    order = [p for p, _ in PARTS] + ["other"]
+    shades = plt.get_cmap("tab20").colors
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for y, name in enumerate(names):
+        parts = instructions[name].get("load 1 parts") or {}
+        if name.startswith("qproxy") and any(v > 0 for v in parts.values()):
+            left = 0
+            for i, part in enumerate(order):
+                width = max(parts.get(part, 0), 0)
+                ax.barh(y, width, left=left, color=shades[i % len(shades)], label=part if y == 0 else None)
+                left += width
+        else:
+            ax.barh(y, instructions[name]["load 1"], color=colour[name])
+    # Envoy's request costs several times the others': its bar is cut at
+    # the frame, and every bar carries its total.
+    totals = [instructions[n]["load 1"] for n in names]
+    limit = 1.6 * sorted(totals)[len(totals) // 2]
+    ax.set_xlim(0, limit)
+    for y, total in enumerate(totals):
+        ax.text(min(total, limit), y, f" {total:,.0f}", fontsize=8, va="center",
+                ha="left" if total < limit else "right")
+    nginx = instructions.get("nginx", {}).get("load 1")
+    if nginx:
+        ax.axvline(nginx, color="black", linestyle="--", linewidth=1)
+        ax.text(nginx, len(names) - 0.5, " nginx", fontsize=8, va="bottom")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("user-space instructions per request (callgrind, load 1's GET)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+    return True
 
 
 def svg_name(load):
@@ -1109,6 +1206,8 @@ def main():
     for load in throughput_loads(args):
         pictures.append(f"[{load.split()[0]}{' ' + load.split()[1] if load.split()[0] == '4' else ''}]({svg_name(load)})")
         picture(args, throughput, load, os.path.join(BENCHES, svg_name(load)))
+    if instructions and instructions_picture(instructions, os.path.join(BENCHES, "instructions.svg")):
+        pictures.append("[instructions by part](instructions.svg)")
     cpu = ""
     with open("/proc/cpuinfo") as f:
         m = re.search(r"model name\s*:\s*(.*)", f.read())
