@@ -906,7 +906,9 @@ def run_instructions(args, bins):
                 n = (t2 - t1) / args.instructions
                 counts.setdefault(name, {})[request] = n
                 parts = {p: (p2.get(p, 0) - p1.get(p, 0)) / args.instructions for p in set(p1) | set(p2)}
-                counts[name][f"{request} parts"] = parts
+                # A binary without symbols has nothing but "other".
+                if set(parts) - {"other"}:
+                    counts[name][f"{request} parts"] = parts
                 print(f"  {name:17} {request}: {n:,.0f} instructions per request", flush=True)
     finally:
         stop(app)
