@@ -30,6 +30,13 @@
 //! health checks the drainer answers, and those are not measured or traced
 //! in either.
 //!
+//! The layers that only follow a request (logs, spans, metrics, stats,
+//! and the two rewrites) are [`Observe`](crate::layers::observe::Observe)rs:
+//! those with no answering layer between them (the drainer, the timeouts,
+//! the breaker) are served as one group, in the table's order, so that a
+//! request is moved into one `call` per group rather than one per layer,
+//! and its response is wrapped once per group.
+//!
 //! Layers that hold something for the life of a request (the breaker slot,
 //! the timeouts) hold it in the response body, which the client's
 //! connection drops once the response is written. A Go handler of an
@@ -56,12 +63,13 @@ use crate::layers::concurrency;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::health::HealthLayer;
 use crate::layers::host_rewrite::HostRewrite;
-use crate::layers::metrics::{MetricsBody, MetricsLayer};
+use crate::layers::metrics::MetricsLayer;
+use crate::layers::observe::{ObservedBody, observe};
 use crate::layers::request_log::{LoggedBody, RequestLogLayer};
 use crate::layers::server_rules::ServerRulesLayer;
-use crate::layers::stats::{StatsBody, StatsLayer};
+use crate::layers::stats::StatsLayer;
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
-use crate::layers::trace::{TraceLayer, TracedBody};
+use crate::layers::trace::TraceLayer;
 use crate::layers::upgrade::UpgradeHoldLayer;
 use crate::observe::Observers;
 use crate::proxy::body::ProxyBody;
@@ -70,10 +78,11 @@ use crate::readiness::Readiness;
 
 /// The response body of the main port.
 pub(crate) type MainBody = LoggedBody<
-    TracedBody<
-        MetricsBody<
-            TimeoutBody<TracedBody<StatsBody<PermitBody<TracedBody<MetricsBody<ProxyBody>>>>>>,
+    ObservedBody<
+        TimeoutBody<
+            ObservedBody<PermitBody<ObservedBody<ProxyBody, AppObservers>>, ProxyObservers>,
         >,
+        RevisionObservers,
     >,
 >;
 
@@ -126,21 +135,51 @@ pub(crate) fn main_service(
             shared.drainer.clone(),
             shared.readiness.clone(),
         ))
-        .layer(TraceLayer::server(observers.traces.clone(), conn.remote))
-        .layer(MetricsLayer::revision(observers.request_metrics.clone()))
+        .layer(observe(revision_observers(shared, conn)))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
-        .layer(RewriteLayer::new(ForwardedShim))
-        .layer(TraceLayer::proxy(
-            observers.traces.clone(),
-            shared.breaker.is_some(),
-        ))
-        .layer(StatsLayer::new(shared.stats.clone(), shared.clock))
-        .layer(RewriteLayer::new(HostRewrite))
+        .layer(observe(proxy_observers(shared)))
         .layer(concurrency::layer(shared.breaker.clone()))
-        .layer(TraceLayer::client(observers.traces.clone()))
-        .layer(MetricsLayer::app(
-            observers.request_metrics.clone(),
-            shared.breaker.clone(),
-        ))
+        .layer(observe(app_observers(shared)))
         .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))
+}
+
+/// Between the drainer and the timeouts: the server span, then the
+/// revision's request metrics.
+type RevisionObservers = (TraceLayer, MetricsLayer);
+
+fn revision_observers(shared: &Shared, conn: Accepted) -> RevisionObservers {
+    let observers = &shared.observers;
+    (
+        TraceLayer::server(observers.traces.clone(), conn.remote),
+        MetricsLayer::revision(observers.request_metrics.clone()),
+    )
+}
+
+/// Between the timeouts and the breaker: the `Forwarded` shim, the proxy
+/// and wait spans, the autoscaler's stats, the `K-Original-Host` rewrite.
+type ProxyObservers = (
+    RewriteLayer<ForwardedShim>,
+    TraceLayer,
+    StatsLayer,
+    RewriteLayer<HostRewrite>,
+);
+
+fn proxy_observers(shared: &Shared) -> ProxyObservers {
+    (
+        RewriteLayer::new(ForwardedShim),
+        TraceLayer::proxy(shared.observers.traces.clone(), shared.breaker.is_some()),
+        StatsLayer::new(shared.stats.clone(), shared.clock),
+        RewriteLayer::new(HostRewrite),
+    )
+}
+
+/// Past the breaker: the client span, then the app's request metrics.
+type AppObservers = (TraceLayer, MetricsLayer);
+
+fn app_observers(shared: &Shared) -> AppObservers {
+    let observers = &shared.observers;
+    (
+        TraceLayer::client(observers.traces.clone()),
+        MetricsLayer::app(observers.request_metrics.clone(), shared.breaker.clone()),
+    )
 }

@@ -24,20 +24,20 @@
 //! HTTP instruments, and the invocation duration.
 
 use std::borrow::Cow;
-use std::task::{Context, Poll};
 
 use breaker::Breaker;
-use http::{Request, Response};
-use tower::{Layer, Service};
+use http::Request;
+use tower::Layer;
 
-use crate::common::body::{Guarded, GuardedFuture};
 use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
+use crate::layers::observe::{Observe, Observing};
 use crate::observe::UserMetrics;
 use crate::observe::opencensus_metrics::{OpenCensusMetrics, Scope, route_tag_unless_probe};
 use crate::observe::otel_metrics::{HttpAttributes, OtelMetrics};
 
-/// Adds [`Metrics`] to a stack.
+/// Measures requests where it sits in the stack; see the [module
+/// docs](self).
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsLayer {
     metrics: Option<UserMetrics>,
@@ -67,71 +67,51 @@ impl MetricsLayer {
 }
 
 impl<S> Layer<S> for MetricsLayer {
-    type Service = Metrics<S>;
+    type Service = Observing<MetricsLayer, S>;
 
-    fn layer(&self, inner: S) -> Metrics<S> {
-        Metrics {
-            inner,
-            layer: self.clone(),
-        }
+    fn layer(&self, inner: S) -> Self::Service {
+        Observing::new(self.clone(), inner)
     }
 }
 
-/// Measures each request; see the [module docs](self).
-#[derive(Debug, Clone)]
-pub(crate) struct Metrics<S> {
-    inner: S,
-    layer: MetricsLayer,
-}
+impl Observe for MetricsLayer {
+    type Guard = Observed<Measuring>;
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Metrics<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body + HasFacts,
-    ResBody: http_body::Body,
-{
-    type Response = Response<MetricsBody<ResBody>>;
-    type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Observed<Measuring>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let layer = &self.layer;
-        if let (Some(metrics), Some(breaker)) = (&layer.metrics, &layer.breaker) {
+    fn enter<B: http_body::Body + HasFacts>(
+        &self,
+        req: &mut Request<B>,
+    ) -> Option<Observed<Measuring>> {
+        if let (Some(metrics), Some(breaker)) = (&self.metrics, &self.breaker) {
             // Taken for every request, probes too, as Knative takes it.
             metrics.set_queue_depth(breaker.in_flight());
         }
         // Probes are not measured, but for current Knative's HTTP client
         // (see `HttpAttributes`), which measures those the proxy passes on.
-        let facts = facts(&req);
-        let series = match &layer.metrics {
+        let facts = facts(req);
+        let series = match &self.metrics {
             Some(UserMetrics::Classic(m)) => {
-                let tag = match layer.scope {
+                let tag = match self.scope {
                     Scope::Revision => route_tag_unless_probe(facts, req.headers()),
                     Scope::App => (!facts.is_probe()).then_some(Cow::Borrowed("")),
                 };
                 tag.map(|tag| MetricsTarget::Classic(m.clone(), tag))
             }
             Some(UserMetrics::Current(m)) => {
-                (layer.scope == Scope::App || !facts.is_probe()).then(|| {
-                    MetricsTarget::Current(m.clone(), Box::new(HttpAttributes::of(&req, facts)))
+                (self.scope == Scope::App || !facts.is_probe()).then(|| {
+                    MetricsTarget::Current(m.clone(), Box::new(HttpAttributes::of(req, facts)))
                 })
             }
             None => None,
         };
-        let measuring = series.map(|series| {
+        series.map(|series| {
             Observed::new(
                 req.method(),
                 Measuring {
                     series,
-                    scope: layer.scope,
+                    scope: self.scope,
                 },
             )
-        });
-        GuardedFuture::new(self.inner.call(req), measuring)
+        })
     }
 }
 
@@ -169,16 +149,14 @@ impl Record for Measuring {
     }
 }
 
-/// The response body of [`Metrics`].
-pub(crate) type MetricsBody<B> = Guarded<B, Observed<Measuring>>;
-
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
     use std::future::Future;
-    use std::task::Waker;
+    use std::task::{Context, Waker};
 
     use bytes::Bytes;
+    use http::Response;
     use http_body::Frame;
     use http_body_util::{BodyExt, Empty, StreamBody};
     use tower::{ServiceExt, service_fn};

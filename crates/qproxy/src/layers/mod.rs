@@ -9,6 +9,7 @@ pub(crate) mod forwarded;
 pub(crate) mod health;
 pub(crate) mod host_rewrite;
 pub(crate) mod metrics;
+pub(crate) mod observe;
 pub(crate) mod request_log;
 pub(crate) mod server_rules;
 pub(crate) mod stats;
@@ -27,6 +28,16 @@ use crate::common::facts::HasFacts;
 pub(crate) trait Rewrite: Clone {
     /// Changes `req` in place.
     fn rewrite<B: HasFacts>(&self, req: &mut Request<B>);
+}
+
+/// A rewrite joins a group of observers ([`observe`]), keeping nothing.
+impl<R: Rewrite> observe::Observe for RewriteLayer<R> {
+    type Guard = observe::NoGuard;
+
+    fn enter<B: http_body::Body + HasFacts>(&self, req: &mut Request<B>) -> Option<Self::Guard> {
+        self.rewrite.rewrite(req);
+        None
+    }
 }
 
 /// Applies a [`Rewrite`] to every request of the service it wraps.

@@ -12,17 +12,17 @@
 //! log, the layer passes everything through untouched.
 
 use std::net::SocketAddr;
-use std::task::{Context, Poll};
 
-use http::{Request, Response};
-use tower::{Layer, Service};
+use http::Request;
+use tower::Layer;
 
-use crate::common::body::{Guarded, GuardedFuture};
+use crate::common::body::Guarded;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
+use crate::layers::observe::{Observe, Observing};
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 
-/// Adds [`RequestLogging`] to a stack.
+/// Logs each request; see the [module docs](self).
 #[derive(Debug, Clone)]
 pub(crate) struct RequestLogLayer {
     log: Option<SharedRequestLog>,
@@ -37,49 +37,32 @@ impl RequestLogLayer {
 }
 
 impl<S> Layer<S> for RequestLogLayer {
-    type Service = RequestLogging<S>;
+    type Service = Observing<RequestLogLayer, S>;
 
-    fn layer(&self, inner: S) -> RequestLogging<S> {
-        RequestLogging {
-            inner,
-            layer: self.clone(),
-        }
+    fn layer(&self, inner: S) -> Self::Service {
+        Observing::new(self.clone(), inner)
     }
 }
 
-/// Logs each request; see the [module docs](self).
-#[derive(Debug, Clone)]
-pub(crate) struct RequestLogging<S> {
-    inner: S,
-    layer: RequestLogLayer,
-}
+impl Observe for RequestLogLayer {
+    type Guard = Box<Observed<Entry>>;
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestLogging<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body + HasFacts,
-    ResBody: http_body::Body,
-{
-    type Response = Response<LoggedBody<ResBody>>;
-    type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Box<Observed<Entry>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let entry = match &self.layer.log {
-            Some(log) if log.logs_probes() || !facts(&req).is_probe() => Some(Observed::new(
-                req.method(),
-                Entry {
-                    arrived: log.arrived(&req, self.layer.remote),
-                    log: log.clone(),
-                },
-            )),
+    fn enter<B: http_body::Body + HasFacts>(
+        &self,
+        req: &mut Request<B>,
+    ) -> Option<Box<Observed<Entry>>> {
+        match &self.log {
+            Some(log) if log.logs_probes() || !facts(req).is_probe() => {
+                Some(Box::new(Observed::new(
+                    req.method(),
+                    Entry {
+                        arrived: log.arrived(req, self.remote),
+                        log: log.clone(),
+                    },
+                )))
+            }
             _ => None,
-        };
-        GuardedFuture::new(self.inner.call(req), entry.map(Box::new))
+        }
     }
 }
 

@@ -8,16 +8,16 @@
 //! an upgraded connection, when the tunnel closes.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
-use http::{Request, Response};
-use tower::{Layer, Service};
+use http::Request;
+use tower::Layer;
 
-use crate::common::body::{Guarded, GuardedFuture, Settle};
+use crate::common::body::Settle;
 use crate::common::facts::{HasFacts, facts};
+use crate::layers::observe::{Observe, Observing};
 
-/// Adds [`Stats`] to a stack.
+/// Records each request's in and out events; see the [module docs](self).
 #[derive(Debug, Clone)]
 pub(crate) struct StatsLayer {
     stats: Arc<RequestStats>,
@@ -32,44 +32,20 @@ impl StatsLayer {
 }
 
 impl<S> Layer<S> for StatsLayer {
-    type Service = Stats<S>;
+    type Service = Observing<StatsLayer, S>;
 
-    fn layer(&self, inner: S) -> Stats<S> {
-        Stats {
-            inner,
-            stats: self.stats.clone(),
-            clock: self.clock,
-        }
+    fn layer(&self, inner: S) -> Self::Service {
+        Observing::new(self.clone(), inner)
     }
 }
 
-/// Records each request's in and out events; see the [module docs](self).
-#[derive(Debug, Clone)]
-pub(crate) struct Stats<S> {
-    inner: S,
-    stats: Arc<RequestStats>,
-    clock: MonotonicClock,
-}
+impl Observe for StatsLayer {
+    type Guard = InFlight;
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Stats<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: HasFacts,
-    ResBody: http_body::Body,
-{
-    type Response = Response<StatsBody<ResBody>>;
-    type Error = S::Error;
-    type Future = GuardedFuture<S::Future, InFlight>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let facts = facts(&req);
-        let guard = (!facts.is_kubelet_probe())
-            .then(|| InFlight::enter(self.stats.clone(), self.clock, facts.activator_proxied()));
-        GuardedFuture::new(self.inner.call(req), guard)
+    fn enter<B: http_body::Body + HasFacts>(&self, req: &mut Request<B>) -> Option<InFlight> {
+        let facts = facts(req);
+        (!facts.is_kubelet_probe())
+            .then(|| InFlight::enter(self.stats.clone(), self.clock, facts.activator_proxied()))
     }
 }
 
@@ -105,7 +81,3 @@ impl Drop for InFlight {
         self.stats.record(event, self.clock.now());
     }
 }
-
-/// A response body that counts its request out when it ends, fails or is
-/// dropped.
-pub(crate) type StatsBody<B> = Guarded<B, InFlight>;

@@ -8,19 +8,19 @@
 //! the layers pass everything through untouched.
 
 use std::net::SocketAddr;
-use std::task::{Context as TaskContext, Poll};
 
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt;
-use tower::{Layer, Service};
+use tower::Layer;
 
-use crate::common::body::{Guarded, GuardedFuture, Settle};
+use crate::common::body::Settle;
 use crate::common::facts::{HasFacts, facts};
 use crate::config::Generation;
+use crate::layers::observe::{Observe, Observing};
 use crate::observe::traces::{Sizes, Traces};
 
-/// Where in the stack a [`Trace`] layer sits.
+/// Where in the stack a [`TraceLayer`] sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Position {
     /// Knative's tracing middleware: the server span.
@@ -32,7 +32,7 @@ enum Position {
     Client,
 }
 
-/// Adds [`Trace`] to a stack.
+/// Traces requests where it sits in the stack; see the [module docs](self).
 #[derive(Debug, Clone)]
 pub(crate) struct TraceLayer {
     traces: Option<Traces>,
@@ -66,21 +66,20 @@ impl TraceLayer {
 }
 
 impl<S> Layer<S> for TraceLayer {
-    type Service = Trace<S>;
+    type Service = Observing<TraceLayer, S>;
 
-    fn layer(&self, inner: S) -> Trace<S> {
-        Trace {
-            inner,
-            layer: self.clone(),
-        }
+    fn layer(&self, inner: S) -> Self::Service {
+        Observing::new(self.clone(), inner)
     }
 }
 
-/// Traces requests; see the [module docs](self).
-#[derive(Debug, Clone)]
-pub(crate) struct Trace<S> {
-    inner: S,
-    layer: TraceLayer,
+impl Observe for TraceLayer {
+    type Guard = Box<Spanned>;
+
+    fn enter<B: http_body::Body + HasFacts>(&self, req: &mut Request<B>) -> Option<Box<Spanned>> {
+        let traces = self.traces.as_ref()?;
+        start(traces, self.position, req).map(Box::new)
+    }
 }
 
 /// The context of a request's server span, for the spans below it.
@@ -92,29 +91,6 @@ struct ServerSpan(Context);
 struct ProxySpans {
     proxy: Context,
     wait: Option<Context>,
-}
-
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Trace<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body + HasFacts,
-    ResBody: http_body::Body,
-{
-    type Response = Response<TracedBody<ResBody>>;
-    type Error = S::Error;
-    type Future = GuardedFuture<S::Future, Box<Spanned>>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let spanned = match &self.layer.traces {
-            Some(traces) => start(traces, self.layer.position, &mut req),
-            None => None,
-        };
-        GuardedFuture::new(self.inner.call(req), spanned.map(Box::new))
-    }
 }
 
 /// Starts this position's span for `req`; what ends it.
@@ -234,6 +210,3 @@ impl Drop for Spanned {
         }
     }
 }
-
-/// The response body of [`Trace`].
-pub(crate) type TracedBody<B> = Guarded<B, Box<Spanned>>;
