@@ -84,5 +84,5 @@ impl Record for Entry {
     }
 }
 
-/// The response body of [`RequestLogging`].
+/// The response body of a [`RequestLogLayer`].
 pub(crate) type LoggedBody<B> = Guarded<B, Box<Observed<Entry>>>;
