@@ -21,10 +21,9 @@ use http::header::{HeaderName, HeaderValue, USER_AGENT};
 use http::{HeaderMap, Request};
 
 use crate::common::headers::{
-    FORWARDED, HOP_HEADERS, HopFields, K_KUBELET_PROBE, K_NETWORK_PROBE, K_ORIGINAL_HOST,
-    K_PROXY_REQUEST, KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_NAMESPACE,
-    KNATIVE_SERVING_REVISION, KNATIVE_SERVING_TAG, X_FORWARDED_FOR, X_FORWARDED_HOST,
-    X_FORWARDED_PROTO,
+    FORWARDED, HopFields, K_KUBELET_PROBE, K_NETWORK_PROBE, K_ORIGINAL_HOST, K_PROXY_REQUEST,
+    KNATIVE_SERVING_DEFAULT_ROUTE, KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION,
+    KNATIVE_SERVING_TAG, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO,
 };
 
 /// `User-Agent` prefix of kubelet probes.
@@ -214,9 +213,10 @@ mod first {
 impl FactsBuilder {
     /// Notes the field `name: value`.
     fn see(&mut self, name: &HeaderName, value: &HeaderValue) {
-        if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == name) {
-            self.facts.hop.insert(i);
-        } else if name == USER_AGENT {
+        if self.facts.hop.see(name) {
+            return;
+        }
+        if name == USER_AGENT {
             if self.first(first::USER_AGENT) {
                 let ua = value.as_bytes();
                 if ua.starts_with(KUBE_PROBE_UA_PREFIX) {

@@ -65,16 +65,20 @@ impl HopFields {
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         let mut present = HopFields::default();
         for name in headers.keys() {
-            if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == name) {
-                present.insert(i);
-            }
+            present.see(name);
         }
         present
     }
 
-    /// Notes the `i`th of [`HOP_HEADERS`].
-    pub(crate) fn insert(&mut self, i: usize) {
-        self.0 |= 1 << i;
+    /// Notes `name` if it is one of [`HOP_HEADERS`]; whether it is.
+    pub(crate) fn see(&mut self, name: &HeaderName) -> bool {
+        match HOP_HEADERS.iter().position(|hop| hop == name) {
+            Some(i) => {
+                self.0 |= 1 << i;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether there are none.
