@@ -477,6 +477,9 @@ http {{
     uwsgi_temp_path {tmp};
     scgi_temp_path {tmp};
     upstream app {{ server 127.0.0.1:{app}; keepalive 128; }}
+    # gRPC's kept-alive h2c connections, apart: nginx cannot tell them from
+    # the HTTP/1.1 ones in one upstream's cache.
+    upstream app_grpc {{ server 127.0.0.1:{app}; keepalive 128; }}
     server {{
         listen 127.0.0.1:{port};
         location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
@@ -484,6 +487,9 @@ http {{
     server {{
         listen 127.0.0.1:{h2_port} http2;
         location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
+        # A gRPC service goes to the app over h2c, as nginx's gRPC proxy
+        # speaks it (one call per kept-alive connection).
+        location /grpc.health.v1.Health/ {{ grpc_pass grpc://app_grpc; }}
     }}
     {tls}
 }}
@@ -505,7 +511,8 @@ NGINX_TLS = """
 
 # HAProxy as the issue's method runs it: one thread, upstream connections
 # reused across clients (`http-reuse always`), logging off; a second
-# frontend for h2c and, for the TLS loads, one for TLS 1.3.
+# frontend for h2c, whose gRPC calls go to the app over h2c, and, for the
+# TLS loads, one for TLS 1.3.
 HAPROXY_CONF = """
 global
     nbthread 1
@@ -521,10 +528,13 @@ frontend plain
     default_backend app
 frontend h2c
     bind 127.0.0.1:{h2_port} proto h2
+    use_backend app_h2c if {{ req.hdr(content-type) -m beg application/grpc }}
     default_backend app
 {tls}
 backend app
     server app 127.0.0.1:{app}
+backend app_h2c
+    server app 127.0.0.1:{app} proto h2
 """
 
 HAPROXY_TLS = """
