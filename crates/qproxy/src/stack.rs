@@ -55,6 +55,7 @@ use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
 use crate::common::Accepted;
+use crate::common::startup::Startup;
 use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Generation, Timeouts};
 use crate::drain::Drainer;
@@ -105,6 +106,8 @@ pub(crate) struct Shared {
     pub(crate) drainer: Drainer,
     /// The user container's readiness, for health checks.
     pub(crate) readiness: Readiness,
+    /// The start-up's spans, marked by health checks and the proxy.
+    pub(crate) startup: Arc<Startup>,
     /// The upgraded connections open.
     pub(crate) tunnels: Tunnels,
     /// Request metrics, request logs and traces, as configured.
@@ -134,13 +137,18 @@ pub(crate) fn main_service(
         .layer(HealthLayer::new(
             shared.drainer.clone(),
             shared.readiness.clone(),
+            shared.startup.clone(),
         ))
         .layer(observe(revision_observers(shared, conn)))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(observe(proxy_observers(shared)))
         .layer(concurrency::layer(shared.breaker.clone()))
         .layer(observe(app_observers(shared)))
-        .service(Proxy::new(shared.upstream.clone(), conn.remote.ip()))
+        .service(Proxy::new(
+            shared.upstream.clone(),
+            conn.remote.ip(),
+            shared.startup.clone(),
+        ))
 }
 
 /// Between the drainer and the timeouts: the server span, then the

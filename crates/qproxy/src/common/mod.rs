@@ -1,7 +1,8 @@
 //! What the layers, the reverse proxy and the small servers share: bodies
 //! and their guards, the answers qproxy makes itself, the tunnels of
 //! upgraded connections, qproxy's own HTTP/1.1 client, Knative's header
-//! names, Go's formatting, and the TLS crypto provider.
+//! names, Go's formatting, the start-up's spans, and the TLS crypto
+//! provider.
 //!
 //! Everything here sits below the rest of the crate and imports nothing
 //! from it, so that no two modules above it need each other.
@@ -13,6 +14,7 @@ pub(crate) mod go;
 pub(crate) mod headers;
 pub(crate) mod outcome;
 pub(crate) mod reply;
+pub(crate) mod startup;
 pub(crate) mod tunnel_registry;
 
 use std::future::Future;

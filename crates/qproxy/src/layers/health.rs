@@ -18,6 +18,7 @@
 //! (Knative decides by user agent alone); it is proxied, and the stats and
 //! the breaker let it pass uncounted.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -28,6 +29,7 @@ use crate::common::body::ReplyBody;
 use crate::common::facts::{HasFacts, HealthKind, facts};
 use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE};
 use crate::common::reply::{Answering, http_error, text};
+use crate::common::startup::Startup;
 use crate::drain::Drainer;
 use crate::readiness::Readiness;
 
@@ -39,12 +41,18 @@ const QUEUE: &[u8] = b"queue";
 pub(crate) struct HealthLayer {
     drainer: Drainer,
     readiness: Readiness,
+    startup: Arc<Startup>,
 }
 
 impl HealthLayer {
-    /// Health checks answered from `readiness`; requests noted by `drainer`.
-    pub(crate) fn new(drainer: Drainer, readiness: Readiness) -> Self {
-        Self { drainer, readiness }
+    /// Health checks answered from `readiness`, the first passing one
+    /// marked in `startup`; requests noted by `drainer`.
+    pub(crate) fn new(drainer: Drainer, readiness: Readiness, startup: Arc<Startup>) -> Self {
+        Self {
+            drainer,
+            readiness,
+            startup,
+        }
     }
 }
 
@@ -56,6 +64,7 @@ impl<S> Layer<S> for HealthLayer {
             inner,
             drainer: self.drainer.clone(),
             readiness: self.readiness.clone(),
+            startup: self.startup.clone(),
         }
     }
 }
@@ -66,6 +75,7 @@ pub(crate) struct Health<S> {
     inner: S,
     drainer: Drainer,
     readiness: Readiness,
+    startup: Arc<Startup>,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Health<S>
@@ -93,7 +103,7 @@ where
                 "shutting down\n",
             )),
             HealthKind::NetworkProbe => Answering::now(network_probe(req.headers())),
-            HealthKind::HealthCheck => health_check(req.headers(), &self.readiness),
+            HealthKind::HealthCheck => health_check(req.headers(), &self.readiness, &self.startup),
         }
     }
 }
@@ -114,7 +124,11 @@ fn network_probe(headers: &HeaderMap) -> Response<ReplyBody> {
 }
 
 /// Knative's probe handler.
-fn health_check<F>(headers: &HeaderMap, readiness: &Readiness) -> Answering<F> {
+fn health_check<F>(
+    headers: &HeaderMap,
+    readiness: &Readiness,
+    startup: &Arc<Startup>,
+) -> Answering<F> {
     let probe = headers
         .get(K_NETWORK_PROBE)
         .map_or(&b""[..], |v| v.as_bytes());
@@ -125,11 +139,13 @@ fn health_check<F>(headers: &HeaderMap, readiness: &Readiness) -> Answering<F> {
         return Answering::now(http_error(StatusCode::BAD_REQUEST, text.freeze()));
     }
     if !readiness.is_configured() {
+        startup.app_ready();
         return Answering::now(ready());
     }
-    let readiness = readiness.clone();
+    let (readiness, startup) = (readiness.clone(), startup.clone());
     Answering::later(async move {
         if readiness.check().await {
+            startup.app_ready();
             ready()
         } else {
             not_ready()

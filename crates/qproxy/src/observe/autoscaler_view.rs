@@ -83,6 +83,11 @@ impl AutoscalerView {
         }
     }
 
+    /// The revision's labels, rendered.
+    pub(crate) fn labels(&self) -> &str {
+        &self.labels
+    }
+
     /// Appends the gauges, in the Prometheus text format, to `out`.
     pub(crate) fn render(&self, out: &mut String) {
         let latest = self.reporter.latest();

@@ -3,8 +3,8 @@
 //!
 //! [`Observers::new`] reads which of them the configuration turns on, and
 //! for which generation of Knative; the main port's layers report to them,
-//! the user metrics port (9091) serves the metrics and the autoscaler's
-//! view ([`MetricsEndpoint`]),
+//! the user metrics port (9091) serves the metrics, the autoscaler's
+//! view and the start-up's spans ([`MetricsEndpoint`]),
 //! and [`Observers::flush`] sends what the exporters still hold at exit.
 
 pub(crate) mod autoscaler_view;
@@ -31,6 +31,7 @@ use crate::common::body::ReplyBody;
 use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
+use crate::common::startup::Startup;
 use autoscaler_view::AutoscalerView;
 pub use export::ExportError;
 use opencensus_metrics::OpenCensusMetrics;
@@ -51,8 +52,8 @@ pub(crate) enum UserMetrics {
 impl UserMetrics {
     /// The request metrics `config` asks for, if any: classic Knative's
     /// Prometheus series, or current Knative's instruments, served as
-    /// Prometheus text or pushed over OTLP.
-    fn new(config: &Config) -> Result<Option<Self>, ExportError> {
+    /// Prometheus text or pushed over OTLP (with `startup`'s spans).
+    fn new(config: &Config, startup: &Arc<Startup>) -> Result<Option<Self>, ExportError> {
         Ok(match &config.observability {
             o if o.classic_prometheus_metrics() => Some(UserMetrics::Classic(
                 OpenCensusMetrics::new(&config.revision),
@@ -68,6 +69,7 @@ impl UserMetrics {
                             &c.otel,
                             &config.revision,
                             config.ports.user,
+                            startup,
                         )?))
                     }
                     MetricsProtocol::None => None,
@@ -115,8 +117,9 @@ pub(crate) struct Observers {
 }
 
 impl Observers {
-    /// The observers `config` asks for.
-    pub(crate) fn new(config: &Config) -> Result<Self, ExportError> {
+    /// The observers `config` asks for; `startup`'s spans go with the
+    /// request metrics where they are pushed.
+    pub(crate) fn new(config: &Config, startup: &Arc<Startup>) -> Result<Self, ExportError> {
         let log = config.observability.request_log();
         // The configuration checked the template; one that failed here
         // would only mean no request log.
@@ -136,7 +139,7 @@ impl Observers {
             SocketAddr::from((Ipv4Addr::LOCALHOST, config.ports.user)),
         )?;
         Ok(Self {
-            request_metrics: UserMetrics::new(config)?,
+            request_metrics: UserMetrics::new(config, startup)?,
             request_log,
             traces,
         })
@@ -156,12 +159,17 @@ impl Observers {
         }))
     }
 
-    /// What the user metrics port serves: the request metrics, and the
-    /// autoscaler's view.
-    pub(crate) fn metrics_endpoint(&self, autoscaler: AutoscalerView) -> MetricsEndpoint {
+    /// What the user metrics port serves: the request metrics, the
+    /// autoscaler's view and the start-up's spans.
+    pub(crate) fn metrics_endpoint(
+        &self,
+        autoscaler: AutoscalerView,
+        startup: Arc<Startup>,
+    ) -> MetricsEndpoint {
         MetricsEndpoint {
             request_metrics: self.request_metrics.clone(),
             autoscaler,
+            startup,
         }
     }
 
@@ -185,11 +193,14 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The user metrics server on 9091: the request metrics as Prometheus text
 /// (none where none are kept), then the autoscaler's view
-/// ([`autoscaler_view`]).
+/// ([`autoscaler_view`]) and the start-up's spans
+/// ([`startup`](crate::common::startup)), with the
+/// same labels.
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsEndpoint {
     request_metrics: Option<UserMetrics>,
     autoscaler: AutoscalerView,
+    startup: Arc<Startup>,
 }
 
 impl MetricsEndpoint {
@@ -201,6 +212,7 @@ impl MetricsEndpoint {
                 .map(UserMetrics::render)
                 .unwrap_or_default();
             self.autoscaler.render(&mut text);
+            self.startup.render(self.autoscaler.labels(), &mut text);
             text.into()
         })
     }

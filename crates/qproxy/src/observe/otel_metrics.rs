@@ -39,13 +39,14 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use opentelemetry::metrics::{Histogram, MeterProvider as _};
+use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _, ObservableGauge};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 use opentelemetry_sdk::metrics::{Instrument, SdkMeterProvider, Stream};
 use opentelemetry_sdk::runtime::Tokio;
 
 use crate::common::facts::Facts;
+use crate::common::startup::{Span, Startup};
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
 use crate::observe::export::{ExportError, Signal};
 use crate::observe::opencensus_metrics::{read, write};
@@ -185,6 +186,8 @@ struct Otlp {
     client_request_size: Histogram<u64>,
     invocation: Histogram<f64>,
     queue_depth: opentelemetry::metrics::Gauge<i64>,
+    /// The start-up's spans, observed at each export once known.
+    _startup: [ObservableGauge<f64>; 2],
 }
 
 /// The Go SDK's export interval, when the configuration sets none.
@@ -237,6 +240,7 @@ impl OtelMetrics {
         otel: &OtelEnv,
         revision: &Revision,
         user_port: u16,
+        startup: &Arc<Startup>,
     ) -> Result<Self, ExportError> {
         let transport = match config.protocol {
             MetricsProtocol::Grpc => Transport::Grpc,
@@ -317,6 +321,7 @@ impl OtelMetrics {
                 .with_description("Number of current requests in the queue")
                 .with_unit("{request}")
                 .build(),
+            _startup: startup_gauges(&provider.meter(QPROXY_SCOPE), startup),
             provider,
         };
         Ok(Self {
@@ -454,6 +459,27 @@ impl OtelMetrics {
             tracing::debug!(error = %e, "metrics export did not shut down cleanly");
         }
     }
+}
+
+/// The scope of qproxy's own instruments.
+const QPROXY_SCOPE: &str = "qproxy";
+
+/// The start-up's spans as gauges (`qproxy.startup.*`, in seconds), each
+/// observed once it is known.
+fn startup_gauges(meter: &Meter, startup: &Arc<Startup>) -> [ObservableGauge<f64>; 2] {
+    [Span::AppReady, Span::FirstRequest].map(|span| {
+        let startup = startup.clone();
+        meter
+            .f64_observable_gauge(span.otel_name())
+            .with_description(span.help())
+            .with_unit("s")
+            .with_callback(move |observer| {
+                if let Some(took) = startup.span(span) {
+                    observer.observe(took.as_secs_f64(), &[]);
+                }
+            })
+            .build()
+    })
 }
 
 /// The attribute sets Go's SDK keeps for an instrument, the overflow set

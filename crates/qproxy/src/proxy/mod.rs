@@ -38,6 +38,7 @@ use crate::common::headers::{
     KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR,
 };
 use crate::common::reply::http_error;
+use crate::common::startup::Startup;
 use crate::common::tunnel_registry::TunnelDeadline;
 use crate::proxy::body::ProxyBody;
 pub(crate) use error::UpstreamError;
@@ -49,17 +50,20 @@ pub(crate) struct Proxy {
     upstream: Arc<Upstream>,
     /// The client's IP, as appended to `X-Forwarded-For`.
     client_ip: HeaderValue,
+    /// Told when the app answers, for its first answer.
+    startup: Arc<Startup>,
 }
 
 impl Proxy {
     /// A proxy for requests arriving from `client`.
-    pub(crate) fn new(upstream: Arc<Upstream>, client: IpAddr) -> Self {
+    pub(crate) fn new(upstream: Arc<Upstream>, client: IpAddr, startup: Arc<Startup>) -> Self {
         // An IP address is always a valid header value.
         let client_ip = HeaderValue::try_from(client.to_canonical().to_string())
             .unwrap_or_else(|_| HeaderValue::from_static(""));
         Self {
             upstream,
             client_ip,
+            startup,
         }
     }
 }
@@ -76,20 +80,26 @@ impl Service<Request<RequestBody>> for Proxy {
     fn call(&mut self, mut req: Request<RequestBody>) -> Self::Future {
         let hop = self.prepare(&mut req);
         let h2 = req.version() == Version::HTTP_2;
+        // Only until the app's first answer: a load on every request after.
+        let first = self
+            .startup
+            .awaits_first_request()
+            .then(|| self.startup.clone());
         if req.method() == Method::CONNECT {
             let this = self.clone();
             return Box::pin(async move {
-                Ok(answer(if h2 {
+                let res = if h2 {
                     this.connect_h2(req).await
                 } else {
                     this.connect(req).await
-                }))
+                };
+                Ok(answer(res, first))
             });
         }
         let whole = matches!(req.body().content, Content::Empty | Content::Full(_));
         if h2 || hop.upgrade.is_some() || !whole {
             let this = self.clone();
-            return Box::pin(async move { Ok(answer(this.forward(req, hop).await)) });
+            return Box::pin(async move { Ok(answer(this.forward(req, hop).await, first)) });
         }
         // The common request, for qproxy's own client: prepared here, so
         // that its future holds only what it waits with.
@@ -101,14 +111,15 @@ impl Service<Request<RequestBody>> for Proxy {
                 Ok((upstream, req)) => upstream.send_whole(req).await,
                 Err(err) => Err(err),
             };
-            Ok(answer(res.and_then(|res| {
+            let res = res.and_then(|res| {
                 if res.status() == StatusCode::SWITCHING_PROTOCOLS {
                     // Nothing was asked for.
                     let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
                     return Err(mismatch(None, offered));
                 }
                 Ok(finish(res))
-            })))
+            });
+            Ok(answer(res, first))
         })
     }
 }
@@ -325,10 +336,19 @@ fn mismatch(requested: Option<&[u8]>, offered: Option<&[u8]>) -> UpstreamError {
     }
 }
 
-/// The proxy's answer: the app's response, or the error's.
-fn answer(res: Result<Response<ProxyBody>, UpstreamError>) -> Response<ProxyBody> {
+/// The proxy's answer: the app's response, or the error's; `first`, when
+/// given, is told of the app's answer (see [`Startup`]).
+fn answer(
+    res: Result<Response<ProxyBody>, UpstreamError>,
+    first: Option<Arc<Startup>>,
+) -> Response<ProxyBody> {
     match res {
-        Ok(res) => res,
+        Ok(res) => {
+            if let Some(startup) = first {
+                startup.request_answered();
+            }
+            res
+        }
         Err(err) => error_response(&err),
     }
 }
@@ -401,8 +421,10 @@ mod tests {
             .build()
             .unwrap();
         let _guard = rt.enter();
-        assert_eq!(Proxy::new(upstream.clone(), mapped).client_ip, "192.0.2.9");
+        let startup = Arc::new(Startup::begin());
+        let proxy = Proxy::new(upstream.clone(), mapped, startup.clone());
+        assert_eq!(proxy.client_ip, "192.0.2.9");
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
-        assert_eq!(Proxy::new(upstream, v6).client_ip, "2001:db8::1");
+        assert_eq!(Proxy::new(upstream, v6, startup).client_ip, "2001:db8::1");
     }
 }

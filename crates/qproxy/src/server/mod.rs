@@ -29,6 +29,7 @@ pub use listener::BindError;
 pub(crate) use listener::Listener;
 
 use crate::admin::Admin;
+use crate::common::startup::Startup;
 use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Config, Generation};
 use crate::drain::{Drainer, Shutdown};
@@ -192,6 +193,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
     let tunnels = Tunnels::default();
     let (terminate, terminating) = watch::channel(false);
     let generation = config.observability.generation();
+    let startup = Arc::new(Startup::begin());
     let main = Shared {
         upstream: Arc::new(Upstream::new(
             config.ports.user,
@@ -210,8 +212,9 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
                 generation,
             },
         ),
+        startup: startup.clone(),
         tunnels: tunnels.clone(),
-        observers: Observers::new(config)?,
+        observers: Observers::new(config, &startup)?,
     };
     let reporter = Arc::new(Reporter::new(
         config.revision.pod.clone(),
@@ -263,6 +266,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     let graceful = Arc::new(GracefulShutdown::new());
     let (stop, stopped) = watch::channel(false);
     let observers = main.observers.clone();
+    let startup = main.startup.clone();
     let mut loops = vec![tokio::spawn(stats::report_every_period(
         main.stats.clone(),
         main.clock,
@@ -302,7 +306,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     servers.spawn(small_server(server.stats, stats, None, g, s));
     if let Some(listener) = server.metrics {
         let view = AutoscalerView::new(reporter.clone(), &config.revision);
-        let endpoint = observers.metrics_endpoint(view);
+        let endpoint = observers.metrics_endpoint(view, startup);
         servers.spawn(small_server(listener, endpoint, None, g, s));
     }
     if let Some(listener) = server.profiling {

@@ -369,3 +369,63 @@ async fn the_autoscaler_s_view_is_served_beside_the_request_metrics_in_both_gene
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_start_up_s_spans_are_served_once_they_happen_in_both_generations() {
+    for current in [false, true] {
+        let app = App::hello().await;
+        let mut env = knative_env(app.port());
+        if current {
+            env = with_vars(
+                env,
+                &[(
+                    "OBSERVABILITY_CONFIG",
+                    r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
+                )],
+            );
+        }
+        let qp = QProxy::start_env(&env);
+        let port = qp.metrics.expect("the metrics port");
+        let ready = "qproxy_startup_app_ready_seconds";
+        let first = "qproxy_startup_first_request_seconds";
+        let before = scrape(port).await;
+        assert_eq!(sample(&before, ready), None, "{before}");
+        assert_eq!(sample(&before, first), None, "{before}");
+
+        // The kubelet's health check passes: the app is ready, and has
+        // answered nothing yet.
+        let deadline = std::time::Instant::now() + DEADLINE;
+        while health_check(qp.main, &[KUBELET, QUEUE]).await.status != 200 {
+            assert!(std::time::Instant::now() < deadline, "never ready");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let exposition = scrape(port).await;
+        let app_ready = sample(&exposition, ready).expect("the ready span");
+        assert!(
+            exposition.contains(&format!("# TYPE {ready} gauge\n")),
+            "{exposition}"
+        );
+        assert_eq!(sample(&exposition, first), None, "{exposition}");
+        let logged = qp.wait_for_log("the ready span's line", |l| {
+            l["message"] == "The user container passed its first readiness check"
+        });
+        assert_eq!(logged["seconds"].as_f64(), Some(app_ready));
+
+        // The first request answered comes after, and the ready span
+        // keeps its first value.
+        assert_eq!(
+            text(h1(qp.main, get("/", &[])).await).await,
+            "Hello World!\n"
+        );
+        health_check(qp.main, &[KUBELET, QUEUE]).await;
+        let after = scrape(port).await;
+        let labels =
+            format!("{{{REVISION_LABELS},revision_name=\"hello-00001\",service_name=\"hello\"}}");
+        assert!(after.contains(&format!("{first}{labels} ")), "{after}");
+        assert_eq!(sample(&after, ready), Some(app_ready));
+        assert!(sample(&after, first).expect("the first request's span") >= app_ready);
+        qp.wait_for_log("the first request's line", |l| {
+            l["message"] == "The user container answered its first request"
+        });
+    }
+}

@@ -37,7 +37,8 @@ async fn current_knative_exports_request_metrics_over_otlp() {
     let deadline = Instant::now() + DEADLINE;
     let got = loop {
         let got = latest_metrics(&batches);
-        if got.get(&key(queue, "kn.serving.invocation.duration", "s")) == Some(&3.0) {
+        let spans = got.contains_key(&key("qproxy", "qproxy.startup.app_ready", "s"));
+        if got.get(&key(queue, "kn.serving.invocation.duration", "s")) == Some(&3.0) && spans {
             break got;
         }
         assert!(Instant::now() < deadline, "{got:#?}");
@@ -60,6 +61,11 @@ async fn current_knative_exports_request_metrics_over_otlp() {
         got.get(&key(queue, "kn.serving.queue.depth", "{request}")),
         Some(&1.0)
     );
+    // qproxy's start-up spans, in a scope of its own.
+    for name in ["qproxy.startup.app_ready", "qproxy.startup.first_request"] {
+        let took = got.get(&key("qproxy", name, "s"));
+        assert!(took.is_some_and(|s| *s > 0.0), "{name}: {got:#?}");
+    }
     let batch = batches.lock().unwrap().last().cloned().unwrap();
     let service = batch.resource_metrics[0]
         .resource
