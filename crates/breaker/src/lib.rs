@@ -53,7 +53,9 @@
 mod service;
 mod sync;
 
-pub use service::{BreakerLayer, BreakerService, Exempt, NoneExempt, PermitBody, ResponseFuture};
+pub use service::{
+    BreakerLayer, BreakerService, Exempt, NoneExempt, PermitBody, ResponseFuture, Untold, Waited,
+};
 
 use std::collections::VecDeque;
 use std::fmt;

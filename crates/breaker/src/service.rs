@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -35,12 +36,34 @@ impl<B> Exempt<B> for NoneExempt {
     }
 }
 
+/// Told how long each admitted request waited for its slot.
+pub trait Waited {
+    /// A request got its slot after `wait` (zero when one was free).
+    fn waited(&self, wait: Duration);
+}
+
+/// A function of the wait is told.
+impl<F: Fn(Duration)> Waited for F {
+    fn waited(&self, wait: Duration) {
+        self(wait)
+    }
+}
+
+/// Nobody is told.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Untold;
+
+impl Waited for Untold {
+    fn waited(&self, _: Duration) {}
+}
+
 /// Builds [`BreakerService`]s.
 #[derive(Debug, Clone)]
-pub struct BreakerLayer<R, E = NoneExempt> {
+pub struct BreakerLayer<R, E = NoneExempt, W = Untold> {
     breaker: Option<Breaker>,
     reject: R,
     exempt: E,
+    waited: W,
 }
 
 impl<R> BreakerLayer<R> {
@@ -51,25 +74,39 @@ impl<R> BreakerLayer<R> {
             breaker,
             reject,
             exempt: NoneExempt,
+            waited: Untold,
         }
     }
 }
 
-impl<R, E> BreakerLayer<R, E> {
+impl<R, E, W> BreakerLayer<R, E, W> {
     /// Lets the requests `exempt` names through without a slot (a
     /// sidecar's own health checks, for instance): a function of the
     /// headers, or any [`Exempt`].
-    pub fn exempt<X>(self, exempt: X) -> BreakerLayer<R, X> {
+    pub fn exempt<X>(self, exempt: X) -> BreakerLayer<R, X, W> {
         BreakerLayer {
             breaker: self.breaker,
             reject: self.reject,
             exempt,
+            waited: self.waited,
+        }
+    }
+
+    /// Tells `waited` how long each request that takes a slot waited for
+    /// it: zero when a slot was free, the time in the queue otherwise.
+    /// Exempt and refused requests are not told of.
+    pub fn waited<X>(self, waited: X) -> BreakerLayer<R, E, X> {
+        BreakerLayer {
+            breaker: self.breaker,
+            reject: self.reject,
+            exempt: self.exempt,
+            waited,
         }
     }
 }
 
-impl<S, R: Clone, E: Clone> Layer<S> for BreakerLayer<R, E> {
-    type Service = BreakerService<S, R, E>;
+impl<S, R: Clone, E: Clone, W: Clone> Layer<S> for BreakerLayer<R, E, W> {
+    type Service = BreakerService<S, R, E, W>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BreakerService {
@@ -77,6 +114,7 @@ impl<S, R: Clone, E: Clone> Layer<S> for BreakerLayer<R, E> {
             breaker: self.breaker.clone(),
             reject: self.reject.clone(),
             exempt: self.exempt.clone(),
+            waited: self.waited.clone(),
         }
     }
 }
@@ -89,22 +127,24 @@ impl<S, R: Clone, E: Clone> Layer<S> for BreakerLayer<R, E> {
 /// covers the whole exchange, streamed bodies included. A refused request
 /// gets the response the layer's `reject` function makes.
 #[derive(Debug, Clone)]
-pub struct BreakerService<S, R, E = NoneExempt> {
+pub struct BreakerService<S, R, E = NoneExempt, W = Untold> {
     inner: S,
     breaker: Option<Breaker>,
     reject: R,
     exempt: E,
+    waited: W,
 }
 
-impl<S, R, E, ReqBody, ResBody> Service<Request<ReqBody>> for BreakerService<S, R, E>
+impl<S, R, E, W, ReqBody, ResBody> Service<Request<ReqBody>> for BreakerService<S, R, E, W>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     R: Fn(QueueFull) -> Response<ResBody>,
     E: Exempt<ReqBody>,
+    W: Waited + Clone,
 {
     type Response = Response<PermitBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, Request<ReqBody>>;
+    type Future = ResponseFuture<S, Request<ReqBody>, W>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -126,6 +166,7 @@ where
             }
         };
         if let Some(permit) = acquire.now() {
+            self.waited.waited(Duration::ZERO);
             return ResponseFuture::called(self.inner.call(req), Some(permit));
         }
         tracing::debug!(waiting = breaker.waiting(), "request queued for a slot");
@@ -133,24 +174,40 @@ where
         // leave a fresh clone for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::waiting(acquire, inner, req)
+        ResponseFuture::waiting(
+            acquire,
+            Queued {
+                inner,
+                req,
+                since: Instant::now(),
+                waited: self.waited.clone(),
+            },
+        )
     }
+}
+
+/// What a queued request holds until its slot comes.
+struct Queued<S, Req, W> {
+    inner: S,
+    req: Req,
+    since: Instant,
+    waited: W,
 }
 
 pin_project! {
     /// The response of a [`BreakerService`].
-    pub struct ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, Req, W = Untold>
     where
         S: Service<Req>,
     {
         #[pin]
-        state: State<S, Req>,
+        state: State<S, Req, W>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, Req>
+    enum State<S, Req, W>
     where
         S: Service<Req>,
     {
@@ -158,13 +215,13 @@ pin_project! {
         // both are rare, and every layer outside moves this future whole.
         Rejected { res: Option<Box<S::Response>> },
         // Admitted, waiting for a slot.
-        Waiting { acquire: Acquire, next: Option<Box<(S, Req)>> },
+        Waiting { acquire: Acquire, next: Option<Box<Queued<S, Req, W>>> },
         // Holding a slot (or exempt), waiting for the inner service.
         Called { #[pin] fut: S::Future, permit: Option<Permit> },
     }
 }
 
-impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+impl<S: Service<Req>, Req, W> ResponseFuture<S, Req, W> {
     fn rejected(res: S::Response) -> Self {
         let res = Some(Box::new(res));
         ResponseFuture {
@@ -172,8 +229,8 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
         }
     }
 
-    fn waiting(acquire: Acquire, inner: S, req: Req) -> Self {
-        let next = Some(Box::new((inner, req)));
+    fn waiting(acquire: Acquire, queued: Queued<S, Req, W>) -> Self {
+        let next = Some(Box::new(queued));
         ResponseFuture {
             state: State::Waiting { acquire, next },
         }
@@ -186,9 +243,10 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     }
 }
 
-impl<S, Req, ResBody> Future for ResponseFuture<S, Req>
+impl<S, Req, W, ResBody> Future for ResponseFuture<S, Req, W>
 where
     S: Service<Req, Response = Response<ResBody>>,
+    W: Waited,
 {
     type Output = Result<Response<PermitBody<ResBody>>, S::Error>;
 
@@ -206,7 +264,13 @@ where
                     let Some(next) = next.take() else {
                         return Poll::Pending;
                     };
-                    let (mut inner, req) = *next;
+                    let Queued {
+                        mut inner,
+                        req,
+                        since,
+                        waited,
+                    } = *next;
+                    waited.waited(since.elapsed());
                     let fut = inner.call(req);
                     self.set(ResponseFuture::called(fut, Some(permit)));
                 }

@@ -55,7 +55,6 @@ use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
 use crate::common::Accepted;
-use crate::common::startup::Startup;
 use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Generation, Timeouts};
 use crate::drain::Drainer;
@@ -72,7 +71,7 @@ use crate::layers::stats::StatsLayer;
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::trace::TraceLayer;
 use crate::layers::upgrade::UpgradeHoldLayer;
-use crate::observe::Observers;
+use crate::observe::{Extra, Observers};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
@@ -106,12 +105,13 @@ pub(crate) struct Shared {
     pub(crate) drainer: Drainer,
     /// The user container's readiness, for health checks.
     pub(crate) readiness: Readiness,
-    /// The start-up's spans, marked by health checks and the proxy.
-    pub(crate) startup: Arc<Startup>,
     /// The upgraded connections open.
     pub(crate) tunnels: Tunnels,
     /// Request metrics, request logs and traces, as configured.
     pub(crate) observers: Observers,
+    /// qproxy's own metrics: the start-up's spans (marked by health checks
+    /// and the proxy) and the queue's waits (told by the breaker).
+    pub(crate) extra: Extra,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -137,17 +137,20 @@ pub(crate) fn main_service(
         .layer(HealthLayer::new(
             shared.drainer.clone(),
             shared.readiness.clone(),
-            shared.startup.clone(),
+            shared.extra.startup.clone(),
         ))
         .layer(observe(revision_observers(shared, conn)))
         .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
         .layer(observe(proxy_observers(shared)))
-        .layer(concurrency::layer(shared.breaker.clone()))
+        .layer(concurrency::layer(
+            shared.breaker.clone(),
+            shared.extra.queue_wait.clone(),
+        ))
         .layer(observe(app_observers(shared)))
         .service(Proxy::new(
             shared.upstream.clone(),
             conn.remote.ip(),
-            shared.startup.clone(),
+            shared.extra.startup.clone(),
         ))
 }
 

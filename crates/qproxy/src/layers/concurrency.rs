@@ -5,16 +5,21 @@
 //! finds both full is answered `503` `pending request queue full` at once.
 //! Kubelet probes never take a slot. With `0` there is no limit.
 
-use breaker::{Breaker, BreakerLayer, Exempt, PermitBody, QueueFull};
+use std::sync::Arc;
+use std::time::Duration;
+
+use breaker::{Breaker, BreakerLayer, Exempt, PermitBody, QueueFull, Waited};
 use http::{Request, Response, StatusCode};
 
 use crate::common::body::ReplyBody;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::reply::http_error;
+use crate::observe::queue_wait::QueueWait;
 
 /// The breaker layer of the main port, whose inner responses have bodies
 /// of type `B`.
-pub(crate) type ConcurrencyLayer<B> = BreakerLayer<fn(QueueFull) -> Response<B>, KubeletProbes>;
+pub(crate) type ConcurrencyLayer<B> =
+    BreakerLayer<fn(QueueFull) -> Response<B>, KubeletProbes, QueueWaits>;
 
 /// The breaker Knative's queue-proxy builds for `container_concurrency`, if
 /// any: `container_concurrency` slots and ten times as many places in the
@@ -31,10 +36,27 @@ pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
     Some(Breaker::new(container_concurrency, depth))
 }
 
-/// Limits the requests reaching the app with `breaker`.
-pub(crate) fn layer<B: From<ReplyBody>>(breaker: Option<Breaker>) -> ConcurrencyLayer<B> {
+/// Limits the requests reaching the app with `breaker`, their waits for a
+/// slot counted in `waits`.
+pub(crate) fn layer<B: From<ReplyBody>>(
+    breaker: Option<Breaker>,
+    waits: Option<Arc<QueueWait>>,
+) -> ConcurrencyLayer<B> {
     BreakerLayer::new(breaker, queue_full::<B> as fn(QueueFull) -> Response<B>)
         .exempt(KubeletProbes)
+        .waited(QueueWaits(waits))
+}
+
+/// Counts each request's wait for a slot, when counted.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueWaits(Option<Arc<QueueWait>>);
+
+impl Waited for QueueWaits {
+    fn waited(&self, wait: Duration) {
+        if let Some(waits) = &self.0 {
+            waits.record(wait);
+        }
+    }
 }
 
 /// Kubelet probes pass the breaker without a slot, as Knative's handler
@@ -119,7 +141,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_is_held_until_the_body_ends() {
         let breaker = breaker(1).unwrap();
-        let service = layer::<QueuedFrames>(Some(breaker.clone())).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
         let res = service.oneshot(Request::new(())).await.unwrap();
         assert_eq!(breaker.in_flight(), 1, "answered, the body not yet sent");
         let mut body = res.into_body();
@@ -133,7 +155,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_is_freed_when_the_body_is_dropped_early() {
         let breaker = breaker(1).unwrap();
-        let service = layer::<QueuedFrames>(Some(breaker.clone())).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
         let mut body = service.oneshot(Request::new(())).await.unwrap().into_body();
         body.frame().await.unwrap().unwrap();
         assert_eq!(breaker.in_flight(), 1);
@@ -144,7 +166,7 @@ mod tests {
     #[tokio::test]
     async fn a_kubelet_probe_takes_no_slot_and_a_full_queue_is_503() {
         let breaker = breaker(1).unwrap();
-        let service = layer::<QueuedFrames>(Some(breaker.clone())).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
         let held = service.clone().oneshot(Request::new(())).await.unwrap();
         // One slot, ten places: the queue fills with ten waiting requests.
         let mut waiting = Vec::new();
@@ -171,5 +193,28 @@ mod tests {
         assert_eq!(text, "pending request queue full\n");
         drop((held, waiting));
         assert_eq!(breaker.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn each_admitted_request_s_wait_is_counted_once_probes_not() {
+        let breaker = breaker(1).unwrap();
+        let waits = Arc::new(QueueWait::default());
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), Some(waits.clone()))
+            .layer(service_fn(answer));
+        let held = service.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(waits.count(), 1, "a free slot: a wait of zero");
+        let mut queued = Box::pin(service.clone().oneshot(Request::new(())));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(queued.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(waits.count(), 1, "still waiting");
+        let probe = Request::builder()
+            .header("K-Kubelet-Probe", "queue")
+            .body(())
+            .unwrap();
+        service.clone().oneshot(probe).await.unwrap();
+        assert_eq!(waits.count(), 1, "a probe takes no slot and waits for none");
+        drop(held);
+        queued.await.unwrap();
+        assert_eq!(waits.count(), 2, "counted once its slot came");
     }
 }

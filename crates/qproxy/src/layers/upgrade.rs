@@ -143,7 +143,7 @@ mod tests {
         let breaker = concurrency::breaker(1).unwrap();
         let tunnels = Tunnels::default();
         let service = UpgradeHoldLayer::new(tunnels.clone()).layer(
-            concurrency::layer::<ReplyBody>(Some(breaker.clone())).layer(app(opened.clone())),
+            concurrency::layer::<ReplyBody>(Some(breaker.clone()), None).layer(app(opened.clone())),
         );
         let res = service.oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::SWITCHING_PROTOCOLS);

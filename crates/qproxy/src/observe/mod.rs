@@ -9,11 +9,13 @@
 
 pub(crate) mod autoscaler_view;
 pub(crate) mod export;
+pub(crate) mod extra;
 pub(crate) mod log;
 pub(crate) mod opencensus_metrics;
 pub(crate) mod otel_metrics;
 pub(crate) mod otlp;
 pub(crate) mod prom_text;
+pub(crate) mod queue_wait;
 pub(crate) mod request_log;
 pub(crate) mod semconv;
 pub(crate) mod traces;
@@ -31,9 +33,9 @@ use crate::common::body::ReplyBody;
 use crate::common::{Endpoint, metrics_route};
 use crate::config::{Config, MetricsProtocol, Observability};
 
-use crate::common::startup::Startup;
 use autoscaler_view::AutoscalerView;
 pub use export::ExportError;
+pub(crate) use extra::Extra;
 use opencensus_metrics::OpenCensusMetrics;
 use otel_metrics::OtelMetrics;
 use request_log::{RequestLog, SharedRequestLog};
@@ -52,8 +54,8 @@ pub(crate) enum UserMetrics {
 impl UserMetrics {
     /// The request metrics `config` asks for, if any: classic Knative's
     /// Prometheus series, or current Knative's instruments, served as
-    /// Prometheus text or pushed over OTLP (with `startup`'s spans).
-    fn new(config: &Config, startup: &Arc<Startup>) -> Result<Option<Self>, ExportError> {
+    /// Prometheus text or pushed over OTLP (with qproxy's own `extra`).
+    fn new(config: &Config, extra: &Extra) -> Result<Option<Self>, ExportError> {
         Ok(match &config.observability {
             o if o.classic_prometheus_metrics() => Some(UserMetrics::Classic(
                 OpenCensusMetrics::new(&config.revision),
@@ -69,7 +71,7 @@ impl UserMetrics {
                             &c.otel,
                             &config.revision,
                             config.ports.user,
-                            startup,
+                            extra,
                         )?))
                     }
                     MetricsProtocol::None => None,
@@ -117,9 +119,9 @@ pub(crate) struct Observers {
 }
 
 impl Observers {
-    /// The observers `config` asks for; `startup`'s spans go with the
-    /// request metrics where they are pushed.
-    pub(crate) fn new(config: &Config, startup: &Arc<Startup>) -> Result<Self, ExportError> {
+    /// The observers `config` asks for; qproxy's own `extra` metrics go
+    /// with the request metrics where they are pushed.
+    pub(crate) fn new(config: &Config, extra: &Extra) -> Result<Self, ExportError> {
         let log = config.observability.request_log();
         // The configuration checked the template; one that failed here
         // would only mean no request log.
@@ -139,7 +141,7 @@ impl Observers {
             SocketAddr::from((Ipv4Addr::LOCALHOST, config.ports.user)),
         )?;
         Ok(Self {
-            request_metrics: UserMetrics::new(config, startup)?,
+            request_metrics: UserMetrics::new(config, extra)?,
             request_log,
             traces,
         })
@@ -164,12 +166,12 @@ impl Observers {
     pub(crate) fn metrics_endpoint(
         &self,
         autoscaler: AutoscalerView,
-        startup: Arc<Startup>,
+        extra: Extra,
     ) -> MetricsEndpoint {
         MetricsEndpoint {
             request_metrics: self.request_metrics.clone(),
             autoscaler,
-            startup,
+            extra,
         }
     }
 
@@ -193,14 +195,12 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The user metrics server on 9091: the request metrics as Prometheus text
 /// (none where none are kept), then the autoscaler's view
-/// ([`autoscaler_view`]) and the start-up's spans
-/// ([`startup`](crate::common::startup)), with the
-/// same labels.
+/// ([`autoscaler_view`]) and the [`Extra`] metrics, with the same labels.
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsEndpoint {
     request_metrics: Option<UserMetrics>,
     autoscaler: AutoscalerView,
-    startup: Arc<Startup>,
+    extra: Extra,
 }
 
 impl MetricsEndpoint {
@@ -212,7 +212,11 @@ impl MetricsEndpoint {
                 .map(UserMetrics::render)
                 .unwrap_or_default();
             self.autoscaler.render(&mut text);
-            self.startup.render(self.autoscaler.labels(), &mut text);
+            let labels = self.autoscaler.labels();
+            self.extra.startup.render(labels, &mut text);
+            if let Some(waits) = &self.extra.queue_wait {
+                waits.render(labels, &mut text);
+            }
             text.into()
         })
     }

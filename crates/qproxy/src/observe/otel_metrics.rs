@@ -49,9 +49,11 @@ use crate::common::facts::Facts;
 use crate::common::startup::{Span, Startup};
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv, Revision};
 use crate::observe::export::{ExportError, Signal};
+use crate::observe::extra::Extra;
 use crate::observe::opencensus_metrics::{read, write};
 use crate::observe::otlp::{Target, Transport};
 use crate::observe::prom_text::label;
+use crate::observe::queue_wait;
 use crate::observe::semconv;
 use crate::observe::semconv::RouteTag;
 use crate::observe::traces::current_resource;
@@ -240,7 +242,7 @@ impl OtelMetrics {
         otel: &OtelEnv,
         revision: &Revision,
         user_port: u16,
-        startup: &Arc<Startup>,
+        extra: &Extra,
     ) -> Result<Self, ExportError> {
         let transport = match config.protocol {
             MetricsProtocol::Grpc => Transport::Grpc,
@@ -273,6 +275,16 @@ impl OtelMetrics {
                 .build(),
         );
         let queue = provider.meter(QUEUE_SCOPE[0].1);
+        let own = provider.meter(QPROXY_SCOPE);
+        if let Some(waits) = &extra.queue_wait {
+            waits.export_to(
+                own.f64_histogram("qproxy.queue.wait")
+                    .with_description(queue_wait::HELP)
+                    .with_unit("s")
+                    .with_boundaries(queue_wait::BUCKETS.to_vec())
+                    .build(),
+            );
+        }
         let seconds = |meter: &opentelemetry::metrics::Meter, name: &'static str, help| {
             meter
                 .f64_histogram(name)
@@ -321,7 +333,7 @@ impl OtelMetrics {
                 .with_description("Number of current requests in the queue")
                 .with_unit("{request}")
                 .build(),
-            _startup: startup_gauges(&provider.meter(QPROXY_SCOPE), startup),
+            _startup: startup_gauges(&own, &extra.startup),
             provider,
         };
         Ok(Self {

@@ -34,7 +34,9 @@ use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Config, Generation};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
+use crate::observe::Extra;
 use crate::observe::autoscaler_view::AutoscalerView;
+use crate::observe::queue_wait::QueueWait;
 use crate::observe::{ExportError, Observers};
 use crate::profiling::{self, Profiling};
 use crate::proxy::Upstream;
@@ -193,13 +195,17 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
     let tunnels = Tunnels::default();
     let (terminate, terminating) = watch::channel(false);
     let generation = config.observability.generation();
-    let startup = Arc::new(Startup::begin());
+    let breaker = concurrency::breaker(config.container_concurrency);
+    let extra = Extra {
+        startup: Arc::new(Startup::begin()),
+        queue_wait: breaker.as_ref().map(|_| Arc::new(QueueWait::default())),
+    };
     let main = Shared {
         upstream: Arc::new(Upstream::new(
             config.ports.user,
             config.upstream_idle_connections(),
         )),
-        breaker: concurrency::breaker(config.container_concurrency),
+        breaker,
         timeouts: config.timeouts,
         generation,
         stats: Arc::new(RequestStats::new(clock.now())),
@@ -212,9 +218,9 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
                 generation,
             },
         ),
-        startup: startup.clone(),
         tunnels: tunnels.clone(),
-        observers: Observers::new(config, &startup)?,
+        observers: Observers::new(config, &extra)?,
+        extra,
     };
     let reporter = Arc::new(Reporter::new(
         config.revision.pod.clone(),
@@ -266,7 +272,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     let graceful = Arc::new(GracefulShutdown::new());
     let (stop, stopped) = watch::channel(false);
     let observers = main.observers.clone();
-    let startup = main.startup.clone();
+    let extra = main.extra.clone();
     let mut loops = vec![tokio::spawn(stats::report_every_period(
         main.stats.clone(),
         main.clock,
@@ -306,7 +312,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     servers.spawn(small_server(server.stats, stats, None, g, s));
     if let Some(listener) = server.metrics {
         let view = AutoscalerView::new(reporter.clone(), &config.revision);
-        let endpoint = observers.metrics_endpoint(view, startup);
+        let endpoint = observers.metrics_endpoint(view, extra);
         servers.spawn(small_server(listener, endpoint, None, g, s));
     }
     if let Some(listener) = server.profiling {

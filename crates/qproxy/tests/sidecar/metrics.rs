@@ -429,3 +429,67 @@ async fn the_start_up_s_spans_are_served_once_they_happen_in_both_generations() 
         });
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_queue_s_waits_are_a_histogram_where_there_is_a_queue_in_both_generations() {
+    for current in [false, true] {
+        let (app, mut arrived) = App::holding("held").await;
+        // Debug logs tell when a request is queued.
+        let mut env = with_vars(
+            knative_env(app.port()),
+            &[
+                ("CONTAINER_CONCURRENCY", "1"),
+                ("SERVING_LOGGING_LEVEL", "debug"),
+            ],
+        );
+        if current {
+            env = with_vars(
+                env,
+                &[(
+                    "OBSERVABILITY_CONFIG",
+                    r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
+                )],
+            );
+        }
+        let qp = QProxy::start_env(&env);
+        let main = qp.main;
+        let port = qp.metrics.expect("the metrics port");
+        let name = "qproxy_queue_wait_seconds";
+        // The first takes the one slot; the second waits behind it.
+        let first = tokio::spawn(async move { text(h1(main, get("/", &[])).await).await });
+        let release = within("the first request", arrived.recv()).await.unwrap();
+        scrape_until(port, &format!("{name}_count{{{}}} 1", labels())).await;
+        let second = tokio::spawn(async move { text(h1(main, get("/", &[])).await).await });
+        qp.wait_for_log("the second queued", |l| {
+            l["message"] == "request queued for a slot"
+        });
+        release.send(()).unwrap();
+        within("the second request", arrived.recv())
+            .await
+            .unwrap()
+            .send(())
+            .unwrap();
+        assert_eq!(first.await.unwrap(), "held");
+        assert_eq!(second.await.unwrap(), "held");
+        let text = scrape_until(port, &format!("{name}_count{{{}}} 2", labels())).await;
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram\n")),
+            "{text}"
+        );
+        let bucket = format!("{name}_bucket{{{},le=\"+Inf\"}} 2", labels());
+        assert!(text.contains(&bucket), "{text}");
+        let sum = sample(&text, &format!("{name}_sum")).expect("the sum");
+        assert!(sum > 0.0, "the second waited: {text}");
+    }
+    // No limit, no queue: no histogram.
+    let app = App::hello().await;
+    let qp = QProxy::start_env(&knative_env(app.port()));
+    h1(qp.main, get("/", &[])).await;
+    let text = scrape(qp.metrics.expect("the metrics port")).await;
+    assert!(!text.contains("qproxy_queue_wait"), "{text}");
+}
+
+/// The revision's labels of qproxy's own series.
+fn labels() -> String {
+    format!("{REVISION_LABELS},revision_name=\"hello-00001\",service_name=\"hello\"")
+}

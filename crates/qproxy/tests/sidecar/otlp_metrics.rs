@@ -61,7 +61,13 @@ async fn current_knative_exports_request_metrics_over_otlp() {
         got.get(&key(queue, "kn.serving.queue.depth", "{request}")),
         Some(&1.0)
     );
-    // qproxy's start-up spans, in a scope of its own.
+    // The queue's waits, and the start-up's spans: qproxy's own, in a
+    // scope of their own.
+    assert_eq!(
+        got.get(&key("qproxy", "qproxy.queue.wait", "s")),
+        Some(&3.0),
+        "{got:#?}"
+    );
     for name in ["qproxy.startup.app_ready", "qproxy.startup.first_request"] {
         let took = got.get(&key("qproxy", name, "s"));
         assert!(took.is_some_and(|s| *s > 0.0), "{name}: {got:#?}");
