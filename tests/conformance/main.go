@@ -524,7 +524,11 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 		}
 		waitFree()
 	}()
-	if !waitListening(8012, exited) || !waitListening(8022, exited) || sc.TLS && !waitListening(8112, exited) {
+	// Every port a step asks is listened on before the first step: the Go
+	// queue-proxy starts its servers one by one, so the stats and metrics
+	// ports can come a moment after the main one.
+	if !waitListening(8012, exited) || !waitListening(8022, exited) || !waitListening(9090, exited) ||
+		sc.TLS && !waitListening(8112, exited) || readsMetrics(&sc) && !waitListening(9091, exited) {
 		obs.Set("start", "did not listen")
 		return obs
 	}
@@ -640,6 +644,26 @@ func waitListening(port int, exited chan struct{}) bool {
 			return true
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	return false
+}
+
+// readsMetrics says whether a step of sc asks the metrics port.
+func readsMetrics(sc *Scenario) bool {
+	for _, step := range sc.Steps {
+		if step.Metrics {
+			return true
+		}
+		for _, r := range step.Parallel {
+			if r.Port == "metrics" {
+				return true
+			}
+		}
+		for _, r := range []*Request{step.Request, step.Start} {
+			if r != nil && r.Port == "metrics" {
+				return true
+			}
+		}
 	}
 	return false
 }
