@@ -8,7 +8,8 @@
 //!
 //! - to the app's first passing readiness check (the first health check
 //!   answered `200 queue`), and
-//! - to the first request answered by the app.
+//! - to the first request answered by the app (probes that reach it, a
+//!   kubelet probe with only `K-Kubelet-Probe`, not counted).
 //!
 //! Each is logged once, as it happens, and served from then on as a gauge
 //! on the user metrics port (9091) in both generations, under a `qproxy_`

@@ -78,13 +78,12 @@ impl Service<Request<RequestBody>> for Proxy {
     }
 
     fn call(&mut self, mut req: Request<RequestBody>) -> Self::Future {
+        // Only until the app's first answer to a request that is not a
+        // probe: a load on every request after.
+        let first = (self.startup.awaits_first_request() && !req.body().facts.is_probe())
+            .then(|| self.startup.clone());
         let hop = self.prepare(&mut req);
         let h2 = req.version() == Version::HTTP_2;
-        // Only until the app's first answer: a load on every request after.
-        let first = self
-            .startup
-            .awaits_first_request()
-            .then(|| self.startup.clone());
         if req.method() == Method::CONNECT {
             let this = self.clone();
             return Box::pin(async move {

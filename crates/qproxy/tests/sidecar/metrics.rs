@@ -411,6 +411,10 @@ async fn the_start_up_s_spans_are_served_once_they_happen_in_both_generations() 
         });
         assert_eq!(logged["seconds"].as_f64(), Some(app_ready));
 
+        // A probe the app answers is not the first request.
+        let probe = h1(qp.main, get("/", &[("K-Kubelet-Probe", "queue")])).await;
+        assert_eq!(probe.status(), 200);
+        assert_eq!(sample(&scrape(port).await, first), None);
         // The first request answered comes after, and the ready span
         // keeps its first value.
         assert_eq!(
