@@ -309,16 +309,7 @@ fn sample(exposition: &str, name: &str) -> Option<f64> {
 async fn the_autoscaler_s_view_is_served_beside_the_request_metrics_in_both_generations() {
     for current in [false, true] {
         let (app, mut arrived) = App::holding("held").await;
-        let mut env = knative_env(app.port());
-        if current {
-            env = with_vars(
-                env,
-                &[(
-                    "OBSERVABILITY_CONFIG",
-                    r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
-                )],
-            );
-        }
+        let env = generation_env(current, &app, &[]);
         let qp = QProxy::start_env(&env);
         let main = qp.main;
         // Two requests held in the app, one of them through the activator.
@@ -374,16 +365,7 @@ async fn the_autoscaler_s_view_is_served_beside_the_request_metrics_in_both_gene
 async fn the_start_up_s_spans_are_served_once_they_happen_in_both_generations() {
     for current in [false, true] {
         let app = App::hello().await;
-        let mut env = knative_env(app.port());
-        if current {
-            env = with_vars(
-                env,
-                &[(
-                    "OBSERVABILITY_CONFIG",
-                    r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
-                )],
-            );
-        }
+        let env = generation_env(current, &app, &[]);
         let qp = QProxy::start_env(&env);
         let port = qp.metrics.expect("the metrics port");
         let ready = "qproxy_startup_app_ready_seconds";
@@ -439,22 +421,14 @@ async fn the_queue_s_waits_are_a_histogram_where_there_is_a_queue_in_both_genera
     for current in [false, true] {
         let (app, mut arrived) = App::holding("held").await;
         // Debug logs tell when a request is queued.
-        let mut env = with_vars(
-            knative_env(app.port()),
+        let env = generation_env(
+            current,
+            &app,
             &[
                 ("CONTAINER_CONCURRENCY", "1"),
                 ("SERVING_LOGGING_LEVEL", "debug"),
             ],
         );
-        if current {
-            env = with_vars(
-                env,
-                &[(
-                    "OBSERVABILITY_CONFIG",
-                    r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
-                )],
-            );
-        }
         let qp = QProxy::start_env(&env);
         let main = qp.main;
         let port = qp.metrics.expect("the metrics port");
@@ -491,6 +465,23 @@ async fn the_queue_s_waits_are_a_histogram_where_there_is_a_queue_in_both_genera
     h1(qp.main, get("/", &[])).await;
     let text = scrape(qp.metrics.expect("the metrics port")).await;
     assert!(!text.contains("qproxy_queue_wait"), "{text}");
+}
+
+/// Knative's environment for `app` with `extra`, in the classic generation
+/// or, when `current`, the current one with request metrics as Prometheus
+/// text.
+fn generation_env(current: bool, app: &App, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let env = with_vars(knative_env(app.port()), extra);
+    if !current {
+        return env;
+    }
+    with_vars(
+        env,
+        &[(
+            "OBSERVABILITY_CONFIG",
+            r#"{"requestMetrics":{"protocol":"prometheus"}}"#,
+        )],
+    )
 }
 
 /// The revision's labels of qproxy's own series.
