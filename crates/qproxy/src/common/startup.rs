@@ -29,6 +29,9 @@ pub(crate) enum Span {
 }
 
 impl Span {
+    /// Every span, in the order they are served.
+    pub(crate) const ALL: [Span; 2] = [Span::AppReady, Span::FirstRequest];
+
     /// The gauge's name in the Prometheus text.
     pub(crate) fn prometheus_name(self) -> &'static str {
         match self {
@@ -123,7 +126,7 @@ impl Startup {
     /// Appends the gauges known so far, labelled with `labels`, in the
     /// Prometheus text format, to `out`.
     pub(crate) fn render(&self, labels: &str, out: &mut String) {
-        for span in [Span::AppReady, Span::FirstRequest] {
+        for span in Span::ALL {
             if let Some(took) = self.span(span) {
                 let (name, help) = (span.prometheus_name(), span.help());
                 let _ = writeln!(out, "# HELP {name} {help}");

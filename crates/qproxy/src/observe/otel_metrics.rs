@@ -479,7 +479,7 @@ const QPROXY_SCOPE: &str = "qproxy";
 /// The start-up's spans as gauges (`qproxy.startup.*`, in seconds), each
 /// observed once it is known.
 fn startup_gauges(meter: &Meter, startup: &Arc<Startup>) -> [ObservableGauge<f64>; 2] {
-    [Span::AppReady, Span::FirstRequest].map(|span| {
+    Span::ALL.map(|span| {
         let startup = startup.clone();
         meter
             .f64_observable_gauge(span.otel_name())
