@@ -9,6 +9,7 @@
 
 pub(crate) mod body;
 pub(crate) mod crypto;
+pub(crate) mod dir_events;
 pub(crate) mod facts;
 pub(crate) mod go;
 pub(crate) mod headers;

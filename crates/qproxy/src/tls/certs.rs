@@ -25,7 +25,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::time::Instant;
 
-use super::watch::DirEvents;
+use crate::common::dir_events::DirEvents;
 
 /// The certificate's file name in the directory (`certificates.CertName`).
 pub(crate) const CERT_FILE: &str = "tls.crt";
@@ -221,7 +221,7 @@ impl CertStore {
         let store = Arc::downgrade(self);
         let dir = self.files.dir.clone();
         async move {
-            let mut events = DirEvents::new(&dir);
+            let mut events = DirEvents::new(&dir, "the certificate directory");
             let mut next = Instant::now() + RECHECK;
             loop {
                 tokio::select! {

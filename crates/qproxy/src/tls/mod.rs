@@ -15,7 +15,6 @@
 
 mod certs;
 mod settings;
-mod watch;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,12 +1,14 @@
-//! Changes to the certificate directory, from inotify.
+//! Changes to a directory the kubelet mounts, from inotify.
 //!
-//! The kubelet updates a secret volume atomically: it writes the new files
-//! into a fresh timestamped directory, points a `..data_tmp` symlink at it
-//! and renames that over `..data`, through which `tls.crt` and `tls.key`
-//! resolve. The rename is an `IN_MOVED_TO` in the watched directory; files
-//! written in place (as tests and hand-made setups do) show as
-//! `IN_CLOSE_WRITE` or `IN_MOVED_TO`. Any event is only a hint: the store
-//! re-reads both files and compares.
+//! The kubelet updates a secret or Downward API volume atomically: it
+//! writes the new files into a fresh timestamped directory, points a
+//! `..data_tmp` symlink at it and renames that over `..data`, through
+//! which the visible files (`tls.crt`, `annotations`) resolve. The rename
+//! is an `IN_MOVED_TO` in the watched directory; files written in place
+//! (as tests and hand-made setups do) show as `IN_CLOSE_WRITE` or
+//! `IN_MOVED_TO`. Any event is only a hint: the reader re-reads the files
+//! and compares. Whoever watches also re-reads every minute, for when
+//! inotify cannot be had.
 
 use std::path::Path;
 use std::time::Duration;
@@ -22,10 +24,13 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// change never shows, and the periodic re-read is all there is.
 pub(crate) struct DirEvents {
     stream: Option<EventStream<[u8; 1024]>>,
+    /// What the directory holds, for logs: "the certificate directory".
+    what: &'static str,
 }
 
 impl DirEvents {
-    pub(crate) fn new(dir: &Path) -> Self {
+    /// The events of `dir`, which holds `what`.
+    pub(crate) fn new(dir: &Path, what: &'static str) -> Self {
         let stream = (|| {
             let inotify = Inotify::init()?;
             inotify.watches().add(
@@ -41,16 +46,22 @@ impl DirEvents {
         match stream {
             Ok(stream) => Self {
                 stream: Some(stream),
+                what,
             },
             Err(e) => {
                 tracing::warn!(
                     directory = %dir.display(),
                     error = %e,
-                    "cannot watch the certificate directory; it is re-read every minute"
+                    "cannot watch {what}; it is re-read every minute"
                 );
-                Self { stream: None }
+                Self { stream: None, what }
             }
         }
+    }
+
+    /// Whether inotify is watching (if not, a change never shows).
+    pub(crate) fn watching(&self) -> bool {
+        self.stream.is_some()
     }
 
     /// Waits for the directory to change, then for its events to settle.
@@ -61,7 +72,11 @@ impl DirEvents {
         match stream.next().await {
             Some(Ok(_)) => {}
             Some(Err(e)) => {
-                tracing::warn!(error = %e, "the certificate directory's watch failed; it is re-read every minute");
+                tracing::warn!(
+                    error = %e,
+                    "the watch of {} failed; it is re-read every minute",
+                    self.what
+                );
                 self.stream = None;
                 return std::future::pending().await;
             }
@@ -77,6 +92,7 @@ impl DirEvents {
 impl std::fmt::Debug for DirEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirEvents")
+            .field("what", &self.what)
             .field("watching", &self.stream.is_some())
             .finish()
     }
