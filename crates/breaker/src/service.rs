@@ -36,15 +36,17 @@ impl<B> Exempt<B> for NoneExempt {
     }
 }
 
-/// Told how long each admitted request waited for its slot.
-pub trait Waited {
-    /// A request got its slot after `wait` (zero when one was free).
-    fn waited(&self, wait: Duration);
+/// Told how long each admitted request waited for its slot, as it goes on
+/// to the inner service.
+pub trait Waited<B> {
+    /// `req` got its slot after `wait` (zero when one was free); the hook
+    /// may note it on the request.
+    fn waited(&self, req: &mut Request<B>, wait: Duration);
 }
 
 /// A function of the wait is told.
-impl<F: Fn(Duration)> Waited for F {
-    fn waited(&self, wait: Duration) {
+impl<B, F: Fn(Duration)> Waited<B> for F {
+    fn waited(&self, _: &mut Request<B>, wait: Duration) {
         self(wait)
     }
 }
@@ -53,8 +55,8 @@ impl<F: Fn(Duration)> Waited for F {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Untold;
 
-impl Waited for Untold {
-    fn waited(&self, _: Duration) {}
+impl<B> Waited<B> for Untold {
+    fn waited(&self, _: &mut Request<B>, _: Duration) {}
 }
 
 /// Builds [`BreakerService`]s.
@@ -140,7 +142,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     R: Fn(QueueFull) -> Response<ResBody>,
     E: Exempt<ReqBody>,
-    W: Waited + Clone,
+    W: Waited<ReqBody> + Clone,
 {
     type Response = Response<PermitBody<ResBody>>;
     type Error = S::Error;
@@ -150,7 +152,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let breaker = match &self.breaker {
             Some(breaker) if !self.exempt.exempt(&req) => breaker,
             _ => return ResponseFuture::called(self.inner.call(req), None),
@@ -166,7 +168,7 @@ where
             }
         };
         if let Some(permit) = acquire.now() {
-            self.waited.waited(Duration::ZERO);
+            self.waited.waited(&mut req, Duration::ZERO);
             return ResponseFuture::called(self.inner.call(req), Some(permit));
         }
         tracing::debug!(waiting = breaker.waiting(), "request queued for a slot");
@@ -243,10 +245,10 @@ impl<S: Service<Req>, Req, W> ResponseFuture<S, Req, W> {
     }
 }
 
-impl<S, Req, W, ResBody> Future for ResponseFuture<S, Req, W>
+impl<S, ReqBody, W, ResBody> Future for ResponseFuture<S, Request<ReqBody>, W>
 where
-    S: Service<Req, Response = Response<ResBody>>,
-    W: Waited,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    W: Waited<ReqBody>,
 {
     type Output = Result<Response<PermitBody<ResBody>>, S::Error>;
 
@@ -266,11 +268,11 @@ where
                     };
                     let Queued {
                         mut inner,
-                        req,
+                        mut req,
                         since,
                         waited,
                     } = *next;
-                    waited.waited(since.elapsed());
+                    waited.waited(&mut req, since.elapsed());
                     let fut = inner.call(req);
                     self.set(ResponseFuture::called(fut, Some(permit)));
                 }

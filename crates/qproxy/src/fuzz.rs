@@ -43,5 +43,5 @@ pub fn request_log_line<B: http_body::Body>(
     };
     let log = RequestLog::new(parsed, template, true, generation, revision);
     let arrived = log.arrived(req, remote);
-    Some(log.render(&arrived, status, size, latency))
+    Some(log.render(&arrived, status, size, latency, None))
 }

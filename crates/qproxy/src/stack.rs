@@ -65,6 +65,7 @@ use crate::layers::health::HealthLayer;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::metrics::MetricsLayer;
 use crate::layers::observe::{ObservedBody, observe};
+use crate::layers::options::LiveOptions;
 use crate::layers::request_log::{LoggedBody, RequestLogLayer};
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::StatsLayer;
@@ -112,6 +113,8 @@ pub(crate) struct Shared {
     /// qproxy's own metrics: the start-up's spans (marked by health checks
     /// and the proxy) and the queue's waits (told by the breaker).
     pub(crate) extra: Extra,
+    /// qproxy's options in force, read by the layers as a request passes.
+    pub(crate) options: LiveOptions,
 }
 
 /// The service handling the requests of one main-port connection.
@@ -133,6 +136,7 @@ pub(crate) fn main_service(
         .layer(RequestLogLayer::new(
             observers.request_log.clone(),
             conn.remote,
+            shared.options.clone(),
         ))
         .layer(HealthLayer::new(
             shared.drainer.clone(),
@@ -140,7 +144,11 @@ pub(crate) fn main_service(
             shared.extra.startup.clone(),
         ))
         .layer(observe(revision_observers(shared, conn)))
-        .layer(TimeoutLayer::new(shared.timeouts, shared.generation))
+        .layer(TimeoutLayer::new(
+            shared.timeouts,
+            shared.generation,
+            shared.options.clone(),
+        ))
         .layer(observe(proxy_observers(shared)))
         .layer(concurrency::layer(
             shared.breaker.clone(),

@@ -19,6 +19,7 @@ mod error;
 mod json;
 mod logging;
 mod observability;
+mod options;
 mod otel;
 mod probe;
 mod tls;
@@ -35,6 +36,7 @@ pub use observability::{
     MetricsProtocol, Observability, RequestLogConfig, RuntimeConfig, TracingBackend, TracingConfig,
     TracingProtocol,
 };
+pub use options::{ANNOTATION_PREFIXES, Opt, Options};
 pub use otel::{OtelEnv, TlsFiles};
 pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
 pub use tls::{TlsSettings, TlsVersion};
@@ -46,6 +48,12 @@ pub const KNATIVE_CERT_DIR: &str = "/var/lib/knative/certs";
 /// qproxy's own: another directory for the certificate and key, for
 /// running outside a pod (Knative sets none).
 const CERT_DIR: &str = "QPROXY_CERT_DIR";
+/// Where Knative mounts the pod's annotations for the queue-proxy, when
+/// `queueproxy.mount-podinfo` lets it (`queue.PodInfoDirectory`).
+pub const KNATIVE_PODINFO_DIR: &str = "/etc/podinfo";
+/// qproxy's own: another directory for the annotations file, for running
+/// outside a pod.
+const PODINFO_DIR: &str = "QPROXY_PODINFO_DIR";
 
 /// Who this queue-proxy serves: the revision and pod it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +208,13 @@ pub struct Config {
     /// mounted: Knative's `/var/lib/knative/certs`, or `QPROXY_CERT_DIR`.
     /// TLS is served when both files exist at start.
     pub cert_dir: PathBuf,
+    /// qproxy's options as the image's environment sets them
+    /// (`QPROXY_OPTION_*`), before the revision's annotations.
+    pub options: Options,
+    /// Where the pod's annotations are mounted: Knative's `/etc/podinfo`,
+    /// or `QPROXY_PODINFO_DIR`. The file `annotations` there, if any, is
+    /// read at start and again whenever the kubelet updates it.
+    pub podinfo_dir: PathBuf,
     /// `HOST_IP`: the node's address.
     pub host_ip: Option<String>,
     /// `SYSTEM_NAMESPACE`: Knative's own namespace.
@@ -275,6 +290,10 @@ impl Config {
         let cert_dir = vars
             .non_empty(CERT_DIR)?
             .map_or_else(|| PathBuf::from(KNATIVE_CERT_DIR), PathBuf::from);
+        let options = Options::from_vars(vars)?;
+        let podinfo_dir = vars
+            .non_empty(PODINFO_DIR)?
+            .map_or_else(|| PathBuf::from(KNATIVE_PODINFO_DIR), PathBuf::from);
         if let Err(e) = &tls {
             warnings.push(format!("{e}; TLS settings matter only when TLS is served"));
         }
@@ -291,6 +310,8 @@ impl Config {
             observability,
             tls,
             cert_dir,
+            options,
+            podinfo_dir,
             host_ip: vars.non_empty("HOST_IP")?.map(str::to_owned),
             system_namespace: vars.non_empty("SYSTEM_NAMESPACE")?.map(str::to_owned),
             root_ca: vars.non_empty("ROOT_CA")?.map(str::to_owned),
@@ -401,6 +422,8 @@ mod tests {
         assert_eq!(c.logging.level, Level::Info);
         assert_eq!(c.system_namespace.as_deref(), Some("knative-serving"));
         assert_eq!(c.root_ca, None);
+        assert_eq!(c.options, Options::NONE);
+        assert_eq!(c.podinfo_dir, PathBuf::from("/etc/podinfo"));
         assert_eq!(c.tls.as_ref().unwrap().min_version, TlsVersion::Tls13);
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     }

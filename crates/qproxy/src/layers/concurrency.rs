@@ -14,6 +14,7 @@ use http::{Request, Response, StatusCode};
 use crate::common::body::ReplyBody;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::reply::http_error;
+use crate::layers::options::WaitNote;
 use crate::observe::queue_wait::QueueWait;
 
 /// The breaker layer of the main port, whose inner responses have bodies
@@ -37,7 +38,7 @@ pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
 }
 
 /// Limits the requests reaching the app with `breaker`, their waits for a
-/// slot counted in `waits`.
+/// slot counted in `waits` (and noted for the request log).
 pub(crate) fn layer<B: From<ReplyBody>>(
     breaker: Option<Breaker>,
     waits: Option<Arc<QueueWait>>,
@@ -47,14 +48,18 @@ pub(crate) fn layer<B: From<ReplyBody>>(
         .waited(QueueWaits(waits))
 }
 
-/// Counts each request's wait for a slot, when counted.
+/// Counts each request's wait for a slot, when counted, and notes it on
+/// the request for its log line ([`WaitNote`]) when that asks.
 #[derive(Debug, Clone)]
 pub(crate) struct QueueWaits(Option<Arc<QueueWait>>);
 
-impl Waited for QueueWaits {
-    fn waited(&self, wait: Duration) {
+impl<B> Waited<B> for QueueWaits {
+    fn waited(&self, req: &mut Request<B>, wait: Duration) {
         if let Some(waits) = &self.0 {
             waits.record(wait);
+        }
+        if let Some(note) = WaitNote::of(req) {
+            note.note(wait);
         }
     }
 }

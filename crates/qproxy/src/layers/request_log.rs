@@ -10,8 +10,14 @@
 //! past them), `502` for a request dropped before its response (Knative's
 //! proxy error handler answers a cancelled request so). Without a request
 //! log, the layer passes everything through untouched.
+//!
+//! With the `request-log-queue-wait` option, a line's template may also
+//! read the request's wait for a slot (`.Response.QueueWait`): the layer
+//! puts a [`WaitNote`] on the request, and the breaker notes the wait in
+//! it.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::Request;
 use tower::Layer;
@@ -19,7 +25,9 @@ use tower::Layer;
 use crate::common::body::Guarded;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
+use crate::config::Opt;
 use crate::layers::observe::{Observe, Observing};
+use crate::layers::options::{LiveOptions, WaitNote};
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 
 /// Logs each request; see the [module docs](self).
@@ -27,12 +35,22 @@ use crate::observe::request_log::{Arrived, SharedRequestLog};
 pub(crate) struct RequestLogLayer {
     log: Option<SharedRequestLog>,
     remote: SocketAddr,
+    options: LiveOptions,
 }
 
 impl RequestLogLayer {
-    /// Logs the requests of a connection from `remote` to `log`, if any.
-    pub(crate) fn new(log: Option<SharedRequestLog>, remote: SocketAddr) -> Self {
-        Self { log, remote }
+    /// Logs the requests of a connection from `remote` to `log`, if any,
+    /// with the queue's wait when `options` ask.
+    pub(crate) fn new(
+        log: Option<SharedRequestLog>,
+        remote: SocketAddr,
+        options: LiveOptions,
+    ) -> Self {
+        Self {
+            log,
+            remote,
+            options,
+        }
     }
 }
 
@@ -53,11 +71,16 @@ impl Observe for RequestLogLayer {
     ) -> Option<Box<Observed<Entry>>> {
         match &self.log {
             Some(log) if log.logs_probes() || !facts(req).is_probe() => {
+                let wait = self
+                    .options
+                    .has(Opt::RequestLogQueueWait)
+                    .then(|| WaitNote::attach(req));
                 Some(Box::new(Observed::new(
                     req.method(),
                     Entry {
                         arrived: log.arrived(req, self.remote),
                         log: log.clone(),
+                        wait,
                     },
                 )))
             }
@@ -66,11 +89,16 @@ impl Observe for RequestLogLayer {
     }
 }
 
+/// The response body of a [`RequestLogLayer`].
+pub(crate) type LoggedBody<B> = Guarded<B, Box<Observed<Entry>>>;
+
 /// A request whose line is yet to be written.
 #[derive(Debug)]
 pub(crate) struct Entry {
     log: SharedRequestLog,
     arrived: Arrived,
+    /// With the `request-log-queue-wait` option: where the wait is noted.
+    wait: Option<Arc<WaitNote>>,
 }
 
 impl Record for Entry {
@@ -80,9 +108,8 @@ impl Record for Entry {
             Some(status) => (status, ended.size),
             None => (500, 0),
         };
-        self.log.write(&self.arrived, status, size, ended.elapsed);
+        let queue_wait = self.wait.as_ref().map(|note| note.wait());
+        self.log
+            .write(&self.arrived, status, size, ended.elapsed, queue_wait);
     }
 }
-
-/// The response body of a [`RequestLogLayer`].
-pub(crate) type LoggedBody<B> = Guarded<B, Box<Observed<Entry>>>;

@@ -29,6 +29,12 @@
 //! from the request, expires. The layer tells the proxy when through the
 //! [`TunnelDeadline`] extension of each request that asks to upgrade. A
 //! `CONNECT`'s tunnel (HTTP/1.1 or HTTP/2) is bounded the same way.
+//!
+//! With qproxy's `upgrades-outlive-timeouts` option, a request that asks
+//! to upgrade, or a `CONNECT`, is bounded by the timeouts only until its
+//! answer (a `504` if the app does not answer in time, as without it);
+//! the tunnel that follows has no deadline, and only the drain (or either
+//! side) closes it.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -48,24 +54,28 @@ use crate::common::facts::{HasFacts, facts};
 use crate::common::go::go_duration;
 use crate::common::reply::text;
 use crate::common::tunnel_registry::TunnelDeadline;
-use crate::config::{Generation, Timeouts};
+use crate::config::{Generation, Opt, Timeouts};
+use crate::layers::options::LiveOptions;
 
 /// The body of the `504`.
 const REQUEST_TIMEOUT: &str = "request timeout";
 
 /// Adds [`Timeout`] to a stack.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct TimeoutLayer {
     timeouts: Timeouts,
     generation: Generation,
+    options: LiveOptions,
 }
 
 impl TimeoutLayer {
-    /// Applies `timeouts` the way the `generation` of Knative does.
-    pub(crate) fn new(timeouts: Timeouts, generation: Generation) -> Self {
+    /// Applies `timeouts` the way the `generation` of Knative does, to
+    /// tunnels too unless `options` say otherwise.
+    pub(crate) fn new(timeouts: Timeouts, generation: Generation, options: LiveOptions) -> Self {
         Self {
             timeouts,
             generation,
+            options,
         }
     }
 }
@@ -78,6 +88,7 @@ impl<S> Layer<S> for TimeoutLayer {
             inner,
             timeouts: self.timeouts,
             generation: self.generation,
+            options: self.options.clone(),
             spare: SpareTimers::default(),
         }
     }
@@ -90,6 +101,8 @@ pub(crate) struct Timeout<S> {
     inner: S,
     timeouts: Timeouts,
     generation: Generation,
+    /// qproxy's options: whether tunnels outlive the timeouts.
+    options: LiveOptions,
     /// The timers earlier requests left, shared by the clones of this
     /// service (one stack serves one connection).
     spare: SpareTimers,
@@ -114,7 +127,9 @@ where
         let (deadline, _) = deadlines.before_start();
         // Only a request asking to upgrade, or a `CONNECT`, can open a
         // tunnel; the others are spared the allocation of an extensions map.
-        if req.method() == Method::CONNECT || facts(&req).has_upgrade() {
+        if (req.method() == Method::CONNECT || facts(&req).has_upgrade())
+            && !self.options.has(Opt::UpgradesOutliveTimeouts)
+        {
             req.extensions_mut().insert(TunnelDeadline(deadline));
         }
         TimeoutFuture {
@@ -555,7 +570,7 @@ mod tests {
             }
             Ok::<_, Infallible>(Response::new(ReplyBody::empty()))
         });
-        TimeoutLayer::new(t, Generation::Classic).layer(app)
+        TimeoutLayer::new(t, Generation::Classic, LiveOptions::default()).layer(app)
     }
 
     fn get(path: &str) -> Request<()> {

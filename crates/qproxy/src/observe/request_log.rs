@@ -12,6 +12,9 @@
 //! - `.Response`: `Code` (the status sent; `500` for a response cut off,
 //!   `200` for an upgrade, as Go's handlers see them), `Size` (body bytes
 //!   sent) and `Latency` (seconds until the response was done with);
+//!   with qproxy's `request-log-queue-wait` option, `QueueWait` too
+//!   (seconds the request waited for a slot in the breaker's queue: `0`
+//!   when a slot was free, or with no limit);
 //! - `.Revision`: `Name`, `Namespace`, `Service`, `Configuration`,
 //!   `PodName`, `PodIP`;
 //! - `.TraceID` (current Knative only): the trace ID of the incoming
@@ -111,9 +114,17 @@ impl RequestLog {
     }
 
     /// Renders and writes the line of a request that got `status`, sent
-    /// `size` body bytes and took `latency`.
-    pub(crate) fn write(&self, arrived: &Arrived, status: u16, size: u64, latency: Duration) {
-        let line = self.render(arrived, status, size, latency);
+    /// `size` body bytes and took `latency`, having waited `queue_wait`
+    /// for a slot if its template may read that.
+    pub(crate) fn write(
+        &self,
+        arrived: &Arrived,
+        status: u16,
+        size: u64,
+        latency: Duration,
+        queue_wait: Option<Duration>,
+    ) {
+        let line = self.render(arrived, status, size, latency, queue_wait);
         // A closed output is no reason to stop serving.
         let _ = std::io::stdout().lock().write_all(&line);
     }
@@ -125,6 +136,7 @@ impl RequestLog {
         status: u16,
         size: u64,
         latency: Duration,
+        queue_wait: Option<Duration>,
     ) -> Vec<u8> {
         let input = Input {
             request: RequestView {
@@ -135,6 +147,7 @@ impl RequestLog {
                 code: status,
                 size,
                 latency: latency.as_secs_f64(),
+                queue_wait: queue_wait.map(|w| w.as_secs_f64()),
             },
             revision: RevisionView(&self.revision),
         };
@@ -421,6 +434,9 @@ struct ResponseView {
     code: u16,
     size: u64,
     latency: f64,
+    /// With the `request-log-queue-wait` option only: without it, as in
+    /// Knative, the field does not exist.
+    queue_wait: Option<f64>,
 }
 
 impl Object for ResponseView {
@@ -433,6 +449,7 @@ impl Object for ResponseView {
             "Code" => Value::Int(i64::from(self.code)),
             "Size" => Value::Int(i64::try_from(self.size).unwrap_or(i64::MAX)),
             "Latency" => Value::Float(self.latency),
+            "QueueWait" => Value::Float(self.queue_wait?),
             _ => return None,
         })
     }
@@ -441,8 +458,18 @@ impl Object for ResponseView {
         if pointer {
             out.push(b'&');
         }
+        let wait = self
+            .queue_wait
+            .map(|w| format!(" {}", float_v(w)))
+            .unwrap_or_default();
         out.extend_from_slice(
-            format!("{{{} {} {}}}", self.code, self.size, float_v(self.latency)).as_bytes(),
+            format!(
+                "{{{} {} {}{wait}}}",
+                self.code,
+                self.size,
+                float_v(self.latency)
+            )
+            .as_bytes(),
         );
     }
 }

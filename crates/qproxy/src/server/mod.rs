@@ -13,6 +13,7 @@ mod error;
 mod graceful;
 mod head;
 mod listener;
+mod podinfo;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,9 +32,10 @@ pub(crate) use listener::Listener;
 use crate::admin::Admin;
 use crate::common::startup::Startup;
 use crate::common::tunnel_registry::Tunnels;
-use crate::config::{Config, Generation};
+use crate::config::{Config, Generation, Options};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
+use crate::layers::options::LiveOptions;
 use crate::observe::Extra;
 use crate::observe::autoscaler_view::AutoscalerView;
 use crate::observe::queue_wait::QueueWait;
@@ -45,6 +47,7 @@ use crate::stack::{self, Shared};
 use crate::stats::{self, REPORTING_PERIOD, StatsEndpoint};
 use crate::tls::TlsPort;
 use conn::{main_builder, serve, small_server};
+use podinfo::PodInfo;
 
 /// A queue-proxy whose ports are bound, ready to serve.
 #[derive(Debug)]
@@ -186,6 +189,9 @@ struct Parts {
     admin: Admin,
     /// The way out.
     shutdown: Shutdown,
+    /// The pod's annotations to follow, if mounted, and the options they
+    /// gave at start.
+    podinfo: Option<(PodInfo, Options)>,
 }
 
 /// Builds the state behind the servers from `config`.
@@ -196,6 +202,8 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
     let (terminate, terminating) = watch::channel(false);
     let generation = config.observability.generation();
     let breaker = concurrency::breaker(config.container_concurrency);
+    let podinfo = PodInfo::new(&config.podinfo_dir, config.options);
+    let options = podinfo.start();
     let extra = Extra {
         startup: Arc::new(Startup::begin()),
         queue_wait: breaker.as_ref().map(|_| Arc::new(QueueWait::default())),
@@ -221,6 +229,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
         tunnels: tunnels.clone(),
         observers: Observers::new(config, &extra)?,
         extra,
+        options: LiveOptions::new(options),
     };
     let reporter = Arc::new(Reporter::new(
         config.revision.pod.clone(),
@@ -228,6 +237,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
         REPORTING_PERIOD.as_secs_f64(),
     ));
     Ok(Parts {
+        podinfo: podinfo.mounted().then_some((podinfo, options)),
         main,
         reporter,
         admin: Admin {
@@ -261,6 +271,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
         reporter,
         admin,
         shutdown,
+        podinfo,
     } = parts;
     let config = &server.config;
     tracing::info!(
@@ -279,6 +290,9 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
         reporter.clone(),
     ))];
     loops.extend(observers.spawn_upkeep());
+    if let Some((podinfo, started)) = podinfo {
+        loops.push(tokio::spawn(podinfo.follow(main.options.clone(), started)));
+    }
 
     let mut servers = JoinSet::new();
     let tls = server.tls.map(|(listener, tls)| {

@@ -20,6 +20,7 @@ mod health;
 mod hostile;
 mod layering;
 mod metrics;
+mod options;
 mod otel_env;
 mod otlp_metrics;
 mod process;
