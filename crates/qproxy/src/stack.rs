@@ -56,6 +56,7 @@ use breaker::{Breaker, PermitBody};
 
 use crate::common::Accepted;
 use crate::common::tunnel_registry::Tunnels;
+use crate::config::LiveOptions;
 use crate::config::{Generation, Timeouts};
 use crate::drain::Drainer;
 use crate::layers::RewriteLayer;
@@ -65,7 +66,6 @@ use crate::layers::health::HealthLayer;
 use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::metrics::MetricsLayer;
 use crate::layers::observe::{ObservedBody, observe};
-use crate::layers::options::LiveOptions;
 use crate::layers::request_log::{LoggedBody, RequestLogLayer};
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::stats::StatsLayer;
@@ -136,7 +136,7 @@ pub(crate) fn main_service(
         .layer(RequestLogLayer::new(
             observers.request_log.clone(),
             conn.remote,
-            shared.options.clone(),
+            shared.options,
         ))
         .layer(HealthLayer::new(
             shared.drainer.clone(),
@@ -147,7 +147,7 @@ pub(crate) fn main_service(
         .layer(TimeoutLayer::new(
             shared.timeouts,
             shared.generation,
-            shared.options.clone(),
+            shared.options,
         ))
         .layer(observe(proxy_observers(shared)))
         .layer(concurrency::layer(

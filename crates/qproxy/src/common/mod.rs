@@ -17,6 +17,7 @@ pub(crate) mod outcome;
 pub(crate) mod reply;
 pub(crate) mod startup;
 pub(crate) mod tunnel_registry;
+pub(crate) mod waits;
 
 use std::future::Future;
 use std::net::SocketAddr;

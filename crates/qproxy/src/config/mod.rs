@@ -36,6 +36,7 @@ pub use observability::{
     MetricsProtocol, Observability, RequestLogConfig, RuntimeConfig, TracingBackend, TracingConfig,
     TracingProtocol,
 };
+pub(crate) use options::LiveOptions;
 pub use options::{ANNOTATION_PREFIXES, Opt, Options};
 pub use otel::{OtelEnv, TlsFiles};
 pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};

@@ -28,6 +28,8 @@
 //! naming no option, is one warning and leaves the default in place: a
 //! revision's annotation is never a reason not to serve.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use super::error::ConfigError;
 use super::vars::Vars;
 
@@ -176,6 +178,35 @@ impl Options {
             }
         }
         (options, warnings)
+    }
+}
+
+/// The options in force in this process: those of the pod qproxy serves.
+static IN_FORCE: AtomicU8 = AtomicU8::new(0);
+
+/// The options in force: the defaults with the pod's annotations applied,
+/// changed when the annotations change. The handle takes no room: the
+/// options are the pod's, one set per process, so that a layer that reads
+/// them adds nothing to a connection's state or a request's. Each read is
+/// one relaxed atomic load, so a change applies to the requests that reach
+/// the reader after it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LiveOptions;
+
+impl LiveOptions {
+    /// The options in force.
+    pub(crate) fn get(self) -> Options {
+        Options::from_bits(IN_FORCE.load(Ordering::Relaxed))
+    }
+
+    /// Whether `opt` is in force.
+    pub(crate) fn has(self, opt: Opt) -> bool {
+        self.get().has(opt)
+    }
+
+    /// Puts `options` in force from now on.
+    pub(crate) fn set(self, options: Options) {
+        IN_FORCE.store(options.bits(), Ordering::Relaxed);
     }
 }
 

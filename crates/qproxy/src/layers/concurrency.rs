@@ -14,7 +14,7 @@ use http::{Request, Response, StatusCode};
 use crate::common::body::ReplyBody;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::reply::http_error;
-use crate::layers::options::WaitNote;
+use crate::common::waits::WaitNote;
 use crate::observe::queue_wait::QueueWait;
 
 /// The breaker layer of the main port, whose inner responses have bodies

@@ -10,7 +10,6 @@ pub(crate) mod health;
 pub(crate) mod host_rewrite;
 pub(crate) mod metrics;
 pub(crate) mod observe;
-pub(crate) mod options;
 pub(crate) mod request_log;
 pub(crate) mod server_rules;
 pub(crate) mod stats;

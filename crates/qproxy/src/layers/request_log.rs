@@ -25,9 +25,10 @@ use tower::Layer;
 use crate::common::body::Guarded;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
+use crate::common::waits::WaitNote;
+use crate::config::LiveOptions;
 use crate::config::Opt;
 use crate::layers::observe::{Observe, Observing};
-use crate::layers::options::{LiveOptions, WaitNote};
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 
 /// Logs each request; see the [module docs](self).

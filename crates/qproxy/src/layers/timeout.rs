@@ -54,8 +54,8 @@ use crate::common::facts::{HasFacts, facts};
 use crate::common::go::go_duration;
 use crate::common::reply::text;
 use crate::common::tunnel_registry::TunnelDeadline;
+use crate::config::LiveOptions;
 use crate::config::{Generation, Opt, Timeouts};
-use crate::layers::options::LiveOptions;
 
 /// The body of the `504`.
 const REQUEST_TIMEOUT: &str = "request timeout";
@@ -88,7 +88,7 @@ impl<S> Layer<S> for TimeoutLayer {
             inner,
             timeouts: self.timeouts,
             generation: self.generation,
-            options: self.options.clone(),
+            options: self.options,
             spare: SpareTimers::default(),
         }
     }
@@ -570,7 +570,7 @@ mod tests {
             }
             Ok::<_, Infallible>(Response::new(ReplyBody::empty()))
         });
-        TimeoutLayer::new(t, Generation::Classic, LiveOptions::default()).layer(app)
+        TimeoutLayer::new(t, Generation::Classic, LiveOptions).layer(app)
     }
 
     fn get(path: &str) -> Request<()> {

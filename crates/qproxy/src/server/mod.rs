@@ -32,10 +32,10 @@ pub(crate) use listener::Listener;
 use crate::admin::Admin;
 use crate::common::startup::Startup;
 use crate::common::tunnel_registry::Tunnels;
+use crate::config::LiveOptions;
 use crate::config::{Config, Generation, Options};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
-use crate::layers::options::LiveOptions;
 use crate::observe::Extra;
 use crate::observe::autoscaler_view::AutoscalerView;
 use crate::observe::queue_wait::QueueWait;
@@ -229,7 +229,10 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
         tunnels: tunnels.clone(),
         observers: Observers::new(config, &extra)?,
         extra,
-        options: LiveOptions::new(options),
+        options: {
+            LiveOptions.set(options);
+            LiveOptions
+        },
     };
     let reporter = Arc::new(Reporter::new(
         config.revision.pod.clone(),
@@ -291,7 +294,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     ))];
     loops.extend(observers.spawn_upkeep());
     if let Some((podinfo, started)) = podinfo {
-        loops.push(tokio::spawn(podinfo.follow(main.options.clone(), started)));
+        loops.push(tokio::spawn(podinfo.follow(main.options, started)));
     }
 
     let mut servers = JoinSet::new();

@@ -202,6 +202,11 @@ fn a_bad_default_stops_the_start_with_one_line_naming_it() {
     );
 }
 
+/// How long [`one_held_one_queued`] holds the first request.
+const HELD: Duration = Duration::from_millis(100);
+/// Half of that, in milliseconds: the least wait the tests accept.
+const HALF_HELD_MS: f64 = 50.0;
+
 /// A revision with `containerConcurrency: 1` in front of an app that holds
 /// each request: one request held, a second queued behind it, both let go.
 /// Returns the two responses, first then queued.
@@ -217,8 +222,9 @@ async fn one_held_one_queued(
         l["message"] == "request queued for a slot"
     });
     // The first is held, and the second waits, for at least this long:
-    // time that the wait measured must show.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // time that the wait measured must show (the assertions allow for
+    // half of it, for a busy machine's scheduling).
+    tokio::time::sleep(HELD).await;
     release_first.send(()).unwrap();
     let first = within("the first answer", first).await.unwrap();
     let release_queued = within("the queued request", arrived.recv()).await.unwrap();
@@ -255,7 +261,10 @@ async fn the_request_log_reads_the_queue_wait_with_its_option() {
             line.rsplit(' ').next().unwrap().parse().unwrap()
         };
         assert_eq!(wait("/first"), 0.0, "{generation:?}: {lines:?}");
-        assert!(wait("/queued") >= 0.020, "{generation:?}: {lines:?}");
+        assert!(
+            wait("/queued") >= HALF_HELD_MS / 1e3,
+            "{generation:?}: {lines:?}"
+        );
     }
 }
 
