@@ -17,6 +17,10 @@
 //! [`BreakerLayer`] puts a breaker in front of an HTTP tower service and
 //! holds each request's slot until its response body is finished.
 //!
+//! [`Gradient`] is a rule for finding a limit from the app's latency, for
+//! apps without a fixed one (adaptive concurrency); it is not yet applied
+//! to a breaker.
+//!
 //! # Invariants
 //!
 //! One atomic word holds the number of slots taken (`running`) and the
@@ -50,8 +54,11 @@
 //! The uncontended path, a free slot taken and released, is one
 //! compare-and-swap and one subtraction, and never touches the mutex.
 
+mod gradient;
 mod service;
 mod sync;
+
+pub use gradient::{Gradient, GradientSettings};
 
 pub use service::{
     BreakerLayer, BreakerService, Exempt, NoneExempt, PermitBody, ResponseFuture, Untold, Waited,
