@@ -54,7 +54,7 @@
 //! The uncontended path, a free slot taken and released, is one
 //! compare-and-swap and one subtraction, and never touches the mutex.
 
-mod gradient;
+pub mod gradient;
 mod service;
 mod sync;
 
