@@ -56,8 +56,7 @@ use breaker::{Breaker, PermitBody};
 
 use crate::common::Accepted;
 use crate::common::tunnel_registry::Tunnels;
-use crate::config::LiveOptions;
-use crate::config::{Generation, Timeouts};
+use crate::config::{Generation, LiveOptions, Timeouts};
 use crate::drain::Drainer;
 use crate::layers::RewriteLayer;
 use crate::layers::concurrency;

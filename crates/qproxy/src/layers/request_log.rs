@@ -26,8 +26,7 @@ use crate::common::body::Guarded;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::outcome::{Ended, Observed, Record};
 use crate::common::waits::WaitNote;
-use crate::config::LiveOptions;
-use crate::config::Opt;
+use crate::config::{LiveOptions, Opt};
 use crate::layers::observe::{Observe, Observing};
 use crate::observe::request_log::{Arrived, SharedRequestLog};
 

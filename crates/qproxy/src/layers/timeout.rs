@@ -54,14 +54,13 @@ use crate::common::facts::{HasFacts, facts};
 use crate::common::go::go_duration;
 use crate::common::reply::text;
 use crate::common::tunnel_registry::TunnelDeadline;
-use crate::config::LiveOptions;
-use crate::config::{Generation, Opt, Timeouts};
+use crate::config::{Generation, LiveOptions, Opt, Timeouts};
 
 /// The body of the `504`.
 const REQUEST_TIMEOUT: &str = "request timeout";
 
 /// Adds [`Timeout`] to a stack.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct TimeoutLayer {
     timeouts: Timeouts,
     generation: Generation,

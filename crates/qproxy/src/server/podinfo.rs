@@ -18,8 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::common::dir_events::DirEvents;
-use crate::config::LiveOptions;
-use crate::config::Options;
+use crate::config::{LiveOptions, Options};
 
 /// The annotations file in the directory Knative mounts.
 const FILE: &str = "annotations";
