@@ -2,16 +2,17 @@
 //!
 //! For an app without a fixed `containerConcurrency`, a limit can be found
 //! from the app's own latency, as Envoy's adaptive concurrency filter
-//! finds it. The rule compares what the app takes now with what it takes
-//! unloaded:
+//! finds it. The rule is told, window by window, what the app took (the
+//! mean latency of the requests that finished in the window) and compares
+//! it with what the app takes unloaded:
 //!
 //! - **The unloaded latency** (`min`) is measured with the limit pinned
-//!   low (`probe_limit`), from the first `probe_samples` requests that
-//!   finish then (their median), at the start and again every
+//!   low (`probe_limit`), over the windows it takes `probe_samples`
+//!   requests to finish (their mean), at the start and again every
 //!   `probe_every` windows: an app whose pace changes is measured anew,
 //!   and a long overload cannot pass itself off as the unloaded pace.
 //! - **Each window** between probes gives the app's latency under the
-//!   limit (`now`: the window's median, say). Then
+//!   limit (`now`). Then
 //!
 //!   ```text
 //!   gradient = clamp(min × (1 + buffer) / now, 0.5, 2)
@@ -19,14 +20,18 @@
 //!   limit    = limit + smoothing × (target − limit), within [min_limit, max_limit]
 //!   ```
 //!
+//!   The limit does not grow in a window where the app held less than half
+//!   of it on average: an app not using its room says nothing of whether
+//!   it could use more (Netflix's concurrency-limits holds the limit so).
+//!
 //! While the app keeps within `buffer` of its unloaded pace the limit
 //! grows; once it slows under what it holds, the limit shrinks towards the
 //! concurrency it serves without slowing, give or take the √limit of
 //! headroom that lets the rule keep looking for more.
 //!
 //! [`Gradient`] is the rule alone, over numbers: no clock, no lock, no
-//! breaker. Whoever samples the app applies the [`Gradient::limit`] it
-//! gives (to a [`Breaker`](crate::Breaker)'s capacity, say).
+//! breaker. [`Breaker::adaptive`](crate::Breaker::adaptive) applies it to
+//! a breaker's capacity.
 
 use std::time::Duration;
 
@@ -46,8 +51,8 @@ pub struct GradientSettings {
     pub smoothing: f64,
     /// The limit while the unloaded latency is measured.
     pub probe_limit: u32,
-    /// How many requests' latencies a probe takes.
-    pub probe_samples: usize,
+    /// How many finished requests a probe takes.
+    pub probe_samples: u64,
     /// How many windows pass between probes.
     pub probe_every: u32,
 }
@@ -69,13 +74,31 @@ impl Default for GradientSettings {
     }
 }
 
+/// What the app did in one window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// The mean latency of the requests that finished in the window.
+    pub latency: Duration,
+    /// How many finished.
+    pub finished: u64,
+    /// How many requests the app held, on average over the window.
+    pub held: f64,
+}
+
 /// What the rule is doing.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
-    /// Measuring the unloaded latency: the latencies so far.
-    Probing(Vec<Duration>),
+    /// Measuring the unloaded latency: the seconds and the requests so far.
+    Probing { seconds: f64, finished: u64 },
     /// Following the app, this many windows since the last probe.
     Following(u32),
+}
+
+impl Phase {
+    const PROBE: Phase = Phase::Probing {
+        seconds: 0.0,
+        finished: 0,
+    };
 }
 
 /// The gradient rule: see the [module docs](self).
@@ -110,23 +133,27 @@ impl Gradient {
             limit: f64::from(settings.initial.clamp(min_limit, max_limit)),
             settings,
             min: None,
-            phase: Phase::Probing(Vec::new()),
+            phase: Phase::PROBE,
         }
+    }
+
+    /// The rule's settings, as brought into range.
+    pub fn settings(&self) -> &GradientSettings {
+        &self.settings
     }
 
     /// The limit to apply now: the probe's while probing.
     pub fn limit(&self) -> u32 {
         match self.phase {
-            Phase::Probing(_) => self.settings.probe_limit,
+            Phase::Probing { .. } => self.settings.probe_limit,
             // Within [min_limit, max_limit], both u32: no truncation.
             Phase::Following(_) => self.limit.round() as u32,
         }
     }
 
-    /// Whether the rule is measuring the unloaded latency: it wants each
-    /// finished request's latency ([`Gradient::finished`]), not windows.
+    /// Whether the rule is measuring the unloaded latency.
     pub fn probing(&self) -> bool {
-        matches!(self.phase, Phase::Probing(_))
+        matches!(self.phase, Phase::Probing { .. })
     }
 
     /// The unloaded latency, once measured.
@@ -134,51 +161,61 @@ impl Gradient {
         self.min.map(Duration::from_secs_f64)
     }
 
-    /// A request finished after `latency`. While probing, it counts
-    /// towards the unloaded latency; the probe ends with its last sample.
-    /// Returns the limit to apply.
-    pub fn finished(&mut self, latency: Duration) -> u32 {
-        if let Phase::Probing(samples) = &mut self.phase {
-            samples.push(latency);
-            if samples.len() >= self.settings.probe_samples {
-                samples.sort_unstable();
-                let median = samples[samples.len() / 2].as_secs_f64();
-                // A zero latency says nothing: keep what was measured.
-                if median > 0.0 {
-                    self.min = Some(median);
+    /// Takes in what the app did in a window; returns the limit to apply.
+    ///
+    /// While probing, the window's requests count towards the unloaded
+    /// latency, and the probe ends with its last sample. While following,
+    /// the window moves the limit, and the probe comes back once
+    /// `probe_every` windows have passed. A window in which nothing
+    /// finished says nothing and changes nothing.
+    pub fn window(&mut self, window: Window) -> u32 {
+        let now = window.latency.as_secs_f64();
+        if window.finished == 0 || !now.is_finite() {
+            return self.limit();
+        }
+        match &mut self.phase {
+            Phase::Probing { seconds, finished } => {
+                *seconds += now * window.finished as f64;
+                *finished += window.finished;
+                if *finished >= self.settings.probe_samples {
+                    let mean = *seconds / *finished as f64;
+                    // A zero latency says nothing: keep what was measured.
+                    if mean > 0.0 {
+                        self.min = Some(mean);
+                    }
+                    self.phase = Phase::Following(0);
                 }
-                self.phase = Phase::Following(0);
+            }
+            Phase::Following(windows) => {
+                *windows += 1;
+                let due = *windows >= self.settings.probe_every;
+                if let Some(min) = self.min
+                    && now > 0.0
+                {
+                    self.follow(min, now, window.held);
+                }
+                if due {
+                    self.phase = Phase::PROBE;
+                }
             }
         }
         self.limit()
     }
 
-    /// A window's latency while following (`now`); ignored while probing.
-    /// Returns the limit to apply, which is the probe's once the windows
-    /// between probes have passed.
-    pub fn window(&mut self, now: Duration) -> u32 {
-        let Phase::Following(windows) = &mut self.phase else {
-            return self.limit();
-        };
-        *windows += 1;
-        let due = *windows >= self.settings.probe_every;
-        let now = now.as_secs_f64();
-        if let Some(min) = self.min
-            && now > 0.0
-            && now.is_finite()
-        {
-            let gradient = (min * (1.0 + self.settings.buffer) / now).clamp(0.5, 2.0);
-            let target = self.limit * gradient + self.limit.sqrt();
-            let next = self.limit + self.settings.smoothing * (target - self.limit);
-            self.limit = next.clamp(
-                f64::from(self.settings.min_limit),
-                f64::from(self.settings.max_limit),
-            );
+    /// One window's step towards the target.
+    fn follow(&mut self, min: f64, now: f64, held: f64) {
+        let limit = self.limit;
+        let gradient = (min * (1.0 + self.settings.buffer) / now).clamp(0.5, 2.0);
+        let mut target = limit * gradient + limit.sqrt();
+        if target > limit && held < limit / 2.0 {
+            // Room the app does not use: no reason to give it more.
+            target = limit;
         }
-        if due {
-            self.phase = Phase::Probing(Vec::new());
-        }
-        self.limit()
+        let next = limit + self.settings.smoothing * (target - limit);
+        self.limit = next.clamp(
+            f64::from(self.settings.min_limit),
+            f64::from(self.settings.max_limit),
+        );
     }
 }
 
@@ -192,35 +229,39 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// A window of `finished` requests at `latency` each, the app holding
+    /// `held` on average.
+    fn window(latency: Duration, finished: u64, held: f64) -> Window {
+        Window {
+            latency,
+            finished,
+            held,
+        }
+    }
+
     /// A rule that has measured an unloaded latency of `unloaded`.
     fn probed(settings: GradientSettings, unloaded: Duration) -> Gradient {
         let mut g = Gradient::new(settings);
         assert!(g.probing());
         assert_eq!(g.limit(), g.settings.probe_limit);
-        for _ in 0..g.settings.probe_samples {
-            g.finished(unloaded);
-        }
+        g.window(window(unloaded, g.settings.probe_samples, 3.0));
         assert!(!g.probing());
         assert_eq!(g.unloaded(), Some(unloaded));
         g
     }
 
     #[test]
-    fn the_probe_takes_the_median_then_the_limit_is_the_initial_one() {
-        let mut g = Gradient::new(GradientSettings {
-            probe_samples: 5,
-            ..GradientSettings::default()
-        });
-        for latency in [ms(50), ms(9), ms(10), ms(11)] {
-            assert_eq!(g.finished(latency), 3, "pinned while probing");
-        }
-        assert_eq!(g.finished(ms(400)), 20, "the last sample ends the probe");
-        assert_eq!(g.unloaded(), Some(ms(11)));
+    fn the_probe_takes_the_mean_of_its_requests_then_the_limit_is_the_initial_one() {
+        let mut g = Gradient::new(GradientSettings::default());
+        assert_eq!(g.window(window(ms(10), 20, 3.0)), 3, "pinned while probing");
+        assert_eq!(g.window(window(ms(1), 0, 0.0)), 3, "nothing finished");
         assert_eq!(
-            g.finished(ms(1)),
+            g.window(window(ms(20), 30, 3.0)),
             20,
-            "a latency between probes changes nothing"
+            "the window that brings the 50th sample ends the probe"
         );
+        // (20 × 10 ms + 30 × 20 ms) / 50.
+        assert_eq!(g.unloaded(), Some(ms(16)));
     }
 
     #[test]
@@ -232,11 +273,27 @@ mod tests {
         let mut g = probed(settings, ms(10));
         let mut last = g.limit();
         for _ in 0..100 {
-            let limit = g.window(ms(10));
+            let limit = g.window(window(ms(10), 100, f64::from(last)));
             assert!(limit > last || limit == 1000, "{limit} ≤ {last}");
             last = limit;
         }
         assert_eq!(last, 1000);
+    }
+
+    #[test]
+    fn room_the_app_does_not_use_is_not_grown() {
+        let settings = GradientSettings {
+            probe_every: u32::MAX,
+            ..GradientSettings::default()
+        };
+        let mut g = probed(settings, ms(10));
+        for _ in 0..100 {
+            assert_eq!(g.window(window(ms(10), 100, 9.9)), 20);
+        }
+        assert!(
+            g.window(window(ms(40), 100, 9.9)) < 20,
+            "but it shrinks when the app slows"
+        );
     }
 
     #[test]
@@ -252,11 +309,7 @@ mod tests {
         let mut g = probed(settings, latency(3));
         let mut limit = g.limit();
         for _ in 0..2000 {
-            limit = if g.probing() {
-                g.finished(latency(limit))
-            } else {
-                g.window(latency(limit))
-            };
+            limit = g.window(window(latency(limit), 100, f64::from(limit)));
         }
         // Probes keep finding 10 ms. Between them the rule settles where
         // the app is about `buffer` slower than that, less the √limit
@@ -274,14 +327,17 @@ mod tests {
             ..GradientSettings::default()
         };
         let mut g = probed(settings, ms(10));
-        assert_eq!(g.window(ms(10)), g.limit());
-        g.window(ms(10));
+        let busy = |g: &Gradient| f64::from(g.limit());
+        assert_eq!(g.window(window(ms(10), 5, busy(&g))), g.limit());
+        g.window(window(ms(10), 5, busy(&g)));
         assert!(!g.probing());
-        assert_eq!(g.window(ms(10)), 3, "the third window starts a probe");
+        assert_eq!(
+            g.window(window(ms(10), 5, busy(&g))),
+            3,
+            "the third window starts a probe"
+        );
         assert!(g.probing());
-        assert_eq!(g.window(ms(1)), 3, "windows are ignored while probing");
-        g.finished(ms(20));
-        g.finished(ms(20));
+        g.window(window(ms(20), 2, 3.0));
         assert_eq!(g.unloaded(), Some(ms(20)), "measured anew");
         assert!(g.limit() > 3);
     }
@@ -299,10 +355,13 @@ mod tests {
             probe_every: 0,
         });
         assert_eq!(g.limit(), 1);
-        assert_eq!(g.settings.probe_limit, 1);
-        assert_eq!(g.settings.buffer, 0.0);
-        assert_eq!(g.settings.smoothing, 1.0);
-        assert_eq!((g.settings.probe_samples, g.settings.probe_every), (1, 1));
+        assert_eq!(g.settings().probe_limit, 1);
+        assert_eq!(g.settings().buffer, 0.0);
+        assert_eq!(g.settings().smoothing, 1.0);
+        assert_eq!(
+            (g.settings().probe_samples, g.settings().probe_every),
+            (1, 1)
+        );
     }
 
     proptest! {
@@ -315,7 +374,7 @@ mod tests {
             min_limit in 1u32..50,
             max_limit in 1u32..2000,
             probe_every in 1u32..20,
-            events in prop::collection::vec((any::<bool>(), 0u64..10_000_000), 1..400),
+            windows in prop::collection::vec((0u64..10_000_000, 0u64..20, 0.0f64..3000.0), 1..400),
         ) {
             let mut g = Gradient::new(GradientSettings {
                 initial,
@@ -326,10 +385,9 @@ mod tests {
                 ..GradientSettings::default()
             });
             let (lo, hi) = (g.settings.min_limit, g.settings.max_limit);
-            for (finished, micros) in events {
+            for (micros, finished, held) in windows {
                 let before = g.limit;
-                let latency = Duration::from_micros(micros);
-                let limit = if finished { g.finished(latency) } else { g.window(latency) };
+                let limit = g.window(window(Duration::from_micros(micros), finished, held));
                 prop_assert!((lo..=hi).contains(&limit), "{} not in [{}, {}]", limit, lo, hi);
                 prop_assert!(g.limit <= (2.0 * before + before.sqrt()).min(f64::from(hi)) + 1e-9);
                 prop_assert!(g.limit >= (before * 0.5).max(f64::from(lo)) - 1e-9);

@@ -17,9 +17,10 @@
 //! [`BreakerLayer`] puts a breaker in front of an HTTP tower service and
 //! holds each request's slot until its response body is finished.
 //!
-//! [`Gradient`] is a rule for finding a limit from the app's latency, for
-//! apps without a fixed one (adaptive concurrency); it is not yet applied
-//! to a breaker.
+//! [`Breaker::adaptive`] makes a breaker whose capacity is found from the
+//! app's latency, for apps without a fixed limit (adaptive concurrency):
+//! the [`Gradient`] rule, fed by the slots themselves (see
+//! [`gradient`] and the adaptive meter's notes on [`Breaker::adaptive`]).
 //!
 //! # Invariants
 //!
@@ -54,11 +55,12 @@
 //! The uncontended path, a free slot taken and released, is one
 //! compare-and-swap and one subtraction, and never touches the mutex.
 
+mod adaptive;
 pub mod gradient;
 mod service;
 mod sync;
 
-pub use gradient::{Gradient, GradientSettings};
+pub use gradient::{Gradient, GradientSettings, Window};
 
 pub use service::{
     BreakerLayer, BreakerService, Exempt, NoneExempt, PermitBody, ResponseFuture, Untold, Waited,
@@ -70,6 +72,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use crate::adaptive::Adaptive;
 
 use crate::sync::{Arc, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
@@ -105,6 +110,8 @@ struct Shared {
     capacity: AtomicU32,
     queue_depth: u32,
     queue: Mutex<Queue>,
+    /// The meter and rule of an adaptive breaker.
+    adaptive: Option<Adaptive>,
 }
 
 /// The requests waiting for a slot, oldest first.
@@ -155,8 +162,43 @@ impl Breaker {
                 capacity: AtomicU32::new(capacity),
                 queue_depth,
                 queue: Mutex::new(Queue::default()),
+                adaptive: None,
             }),
         }
+    }
+
+    /// A breaker whose capacity the [`Gradient`] rule with `settings` finds
+    /// from the app's latency, window by window, with room for
+    /// `queue_depth` waiting requests. It starts at the rule's probe limit.
+    ///
+    /// The rule is fed from the slots, with nothing kept per request: the
+    /// time slots are held and the number given back, over each window
+    /// (at least `interval`, closed by the first slot given back after it),
+    /// give the mean time a request held its slot (Little's law) and the
+    /// mean number held. A slot is held until the response body has been
+    /// sent, so a client slow to read counts as a slower app. The new limit
+    /// is applied as [`Breaker::set_capacity`] applies one.
+    pub fn adaptive(settings: GradientSettings, interval: Duration, queue_depth: u32) -> Self {
+        let adaptive = Adaptive::new(settings, interval);
+        Breaker {
+            shared: Arc::new(Shared {
+                state: AtomicU64::new(0),
+                capacity: AtomicU32::new(adaptive.limit()),
+                queue_depth,
+                queue: Mutex::new(Queue::default()),
+                adaptive: Some(adaptive),
+            }),
+        }
+    }
+
+    /// Whether the capacity follows the app ([`Breaker::adaptive`]).
+    pub fn is_adaptive(&self) -> bool {
+        self.shared.adaptive.is_some()
+    }
+
+    /// The app's unloaded latency, as an adaptive breaker last measured it.
+    pub fn unloaded(&self) -> Option<Duration> {
+        self.shared.adaptive.as_ref().and_then(Adaptive::unloaded)
     }
 
     /// Admits a request, or refuses it at once with [`QueueFull`].
@@ -224,35 +266,13 @@ impl Breaker {
     }
 
     fn permit(&self) -> Permit {
-        Permit {
-            shared: self.shared.clone(),
-        }
+        Permit::new(self.shared.clone())
     }
 
     /// Changes the number of slots. Growing hands the new slots to waiting
     /// requests at once; shrinking lets running requests finish.
     pub fn set_capacity(&self, capacity: u32) {
-        let shared = &*self.shared;
-        let mut woken = Vec::new();
-        {
-            let mut queue = shared.lock();
-            shared.capacity.store(capacity, Ordering::Release);
-            loop {
-                // `waiting > 0` here: only releases move `running`, and
-                // only down.
-                let state = shared.state.load(Ordering::Acquire);
-                if waiting(state) == 0 || running(state) >= capacity {
-                    break;
-                }
-                let Some(waker) = queue.pop_first() else {
-                    break;
-                };
-                // One waiter fewer, one slot more.
-                shared.state.fetch_sub(ONE_WAITING - 1, Ordering::AcqRel);
-                woken.extend(waker);
-            }
-        }
-        woken.into_iter().for_each(Waker::wake);
+        self.shared.set_capacity(capacity);
     }
 
     /// The number of slots.
@@ -296,6 +316,30 @@ impl fmt::Debug for Breaker {
 }
 
 impl Shared {
+    /// See [`Breaker::set_capacity`].
+    fn set_capacity(&self, capacity: u32) {
+        let mut woken = Vec::new();
+        {
+            let mut queue = self.lock();
+            self.capacity.store(capacity, Ordering::Release);
+            loop {
+                // `waiting > 0` here: only releases move `running`, and
+                // only down.
+                let state = self.state.load(Ordering::Acquire);
+                if waiting(state) == 0 || running(state) >= capacity {
+                    break;
+                }
+                let Some(waker) = queue.pop_first() else {
+                    break;
+                };
+                // One waiter fewer, one slot more.
+                self.state.fetch_sub(ONE_WAITING - 1, Ordering::AcqRel);
+                woken.extend(waker);
+            }
+        }
+        woken.into_iter().for_each(Waker::wake);
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // Nothing panics while holding the lock; if something ever did, the
         // queue is still consistent, so carry on with it.
@@ -346,9 +390,24 @@ pub struct Permit {
     shared: Arc<Shared>,
 }
 
+impl Permit {
+    fn new(shared: Arc<Shared>) -> Self {
+        if let Some(adaptive) = &shared.adaptive {
+            adaptive.took();
+        }
+        Permit { shared }
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
+        let limit = self.shared.adaptive.as_ref().and_then(Adaptive::gave_back);
         self.shared.release();
+        if let Some(limit) = limit
+            && limit != self.shared.capacity.load(Ordering::Acquire)
+        {
+            self.shared.set_capacity(limit);
+        }
     }
 }
 
@@ -419,7 +478,7 @@ impl Future for Acquire {
                 // Gone from the queue, and not by our own drop: the slot is
                 // ours.
                 match shared.take() {
-                    Some(shared) => Poll::Ready(Permit { shared }),
+                    Some(shared) => Poll::Ready(Permit::new(shared)),
                     None => Poll::Pending,
                 }
             }

@@ -4,6 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
 use proptest::prelude::*;
 
@@ -319,4 +320,33 @@ proptest! {
         }
         prop_assert_eq!(breaker.in_flight(), 0);
     }
+}
+
+/// An adaptive breaker holds the app to the probe's limit until the probe
+/// has its samples, then opens to the rule's initial limit, handing the new
+/// slots to the queue at once.
+#[test]
+fn an_adaptive_breaker_probes_then_opens_to_its_initial_limit() {
+    let settings = GradientSettings {
+        probe_samples: 2,
+        initial: 5,
+        ..GradientSettings::default()
+    };
+    let breaker = Breaker::adaptive(settings, Duration::ZERO, 10);
+    assert!(breaker.is_adaptive() && !Breaker::new(1, 1).is_adaptive());
+    assert_eq!(breaker.capacity(), 3);
+    let mut running: VecDeque<_> = (0..3).map(|_| admit_now(&breaker)).collect();
+    let flag = Arc::new(Flag::default());
+    let mut queued: Vec<_> = (0..4).map(|_| breaker.acquire().expect("queued")).collect();
+    assert!(queued.iter_mut().all(|a| poll(a, &flag).is_pending()));
+    drop(running.pop_front());
+    assert_eq!(breaker.capacity(), 3, "one sample of two");
+    let Poll::Ready(first) = poll(&mut queued[0], &flag) else {
+        panic!("its slot handed over");
+    };
+    drop(running.pop_front());
+    assert_eq!(breaker.capacity(), 5, "the probe is over");
+    assert_eq!((breaker.running(), breaker.waiting()), (5, 0));
+    assert!(queued[1..].iter_mut().all(|a| poll(a, &flag).is_ready()));
+    drop(first);
 }

@@ -3,7 +3,9 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p breaker --release --test loom`.
 #![cfg(loom)]
 
-use breaker::Breaker;
+use std::time::Duration;
+
+use breaker::{Breaker, GradientSettings};
 use loom::future::block_on;
 use loom::thread;
 
@@ -129,5 +131,54 @@ fn shrink_races_releases() {
         assert_eq!(breaker.running(), 1);
         drop(permit);
         assert_eq!(breaker.in_flight(), 0);
+    });
+}
+
+/// The slot of an adaptive breaker given back, closing the probe's window
+/// and growing the limit, while a request waits: the meter's lock and the
+/// queue's never deadlock, the waiter is served once (handed the slot, or
+/// one of the new ones), and the breaker ends empty at the new limit.
+#[test]
+fn adaptive_window_races_waiter() {
+    loom::model(|| {
+        let settings = GradientSettings {
+            probe_limit: 1,
+            probe_samples: 1,
+            initial: 2,
+            ..GradientSettings::default()
+        };
+        let breaker = Breaker::adaptive(settings, Duration::ZERO, 1);
+        let permit = breaker.acquire().expect("admitted").now().expect("free");
+        let waiter = breaker.acquire().expect("queued");
+        let t = thread::spawn(move || drop(permit));
+        let second = block_on(waiter);
+        t.join().expect("thread");
+        assert_eq!(breaker.capacity(), 2);
+        assert_eq!(breaker.running(), 1);
+        drop(second);
+        assert_eq!(breaker.in_flight(), 0);
+    });
+}
+
+/// Two slots of an adaptive breaker given back at once, each closing a
+/// window and applying a limit: the breaker ends empty, at a limit the
+/// rule gave.
+#[test]
+fn adaptive_windows_race() {
+    loom::model(|| {
+        let settings = GradientSettings {
+            probe_limit: 2,
+            probe_samples: 1,
+            initial: 4,
+            ..GradientSettings::default()
+        };
+        let breaker = Breaker::adaptive(settings, Duration::ZERO, 0);
+        let p1 = breaker.acquire().expect("admitted").now().expect("free");
+        let p2 = breaker.acquire().expect("admitted").now().expect("free");
+        let t = thread::spawn(move || drop(p1));
+        drop(p2);
+        t.join().expect("thread");
+        assert_eq!(breaker.in_flight(), 0);
+        assert!((2..=6).contains(&breaker.capacity()), "{breaker:?}");
     });
 }
