@@ -7,6 +7,11 @@
 //	GET /                → "Hello World!\n"
 //	GET /bytes?n=65536   → n bytes
 //	GET /sleep?ms=10     → "slept\n" after ms milliseconds
+//	GET /contended?work=100000&knee=64
+//	                     → "done\n" after work × (1 + held/knee) rounds of
+//	                       arithmetic, held being the requests inside at
+//	                       arrival: an app whose CPU per request grows
+//	                       with what it holds (contention, cache misses)
 //	POST /grpc.health.v1.Health/Check → a gRPC unary answer (SERVING),
 //	                       as a gRPC server frames it: length-prefixed
 //	                       message, grpc-status in the trailers
@@ -18,9 +23,25 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
+
+// spin does `rounds` rounds of arithmetic the compiler cannot skip,
+// yielding every few thousand so that the requests inside share the CPU
+// as threads would, rather than running one after the other.
+func spin(rounds int) uint64 {
+	x := uint64(rounds)
+	for i := 0; i < rounds; i++ {
+		x = x*6364136223846793005 + 1442695040888963407
+		if i%8192 == 8191 {
+			runtime.Gosched()
+		}
+	}
+	return x
+}
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "listen address")
@@ -50,6 +71,22 @@ func main() {
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		w.Write([]byte("slept\n"))
+	})
+	var held atomic.Int64
+	mux.HandleFunc("/contended", func(w http.ResponseWriter, r *http.Request) {
+		work, _ := strconv.Atoi(r.URL.Query().Get("work"))
+		knee, err := strconv.Atoi(r.URL.Query().Get("knee"))
+		if err != nil || knee <= 0 || work < 0 {
+			http.Error(w, "bad work or knee", http.StatusBadRequest)
+			return
+		}
+		n := held.Add(1)
+		defer held.Add(-1)
+		rounds := float64(work) * (1 + float64(n)/float64(knee))
+		if spin(int(rounds)) == 42 {
+			w.Header().Set("X-Lucky", "1")
+		}
+		w.Write([]byte("done\n"))
 	})
 	// grpc.health.v1.HealthCheckResponse{status: SERVING}: field 1, varint 1.
 	serving := []byte{0, 0, 0, 0, 2, 0x08, 0x01}

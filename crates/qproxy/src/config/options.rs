@@ -46,17 +46,25 @@ pub enum Opt {
     UpgradesOutliveTimeouts,
     /// The request log's template can read `.Response.QueueWait`.
     RequestLogQueueWait,
+    /// A revision without `containerConcurrency` gets a limit found from
+    /// the app's latency. Read at start only.
+    AdaptiveConcurrency,
 }
 
 impl Opt {
     /// Every option.
-    pub const ALL: [Opt; 2] = [Opt::UpgradesOutliveTimeouts, Opt::RequestLogQueueWait];
+    pub const ALL: [Opt; 3] = [
+        Opt::UpgradesOutliveTimeouts,
+        Opt::RequestLogQueueWait,
+        Opt::AdaptiveConcurrency,
+    ];
 
     /// The option's name, as its annotation ends (`qproxy-<name>`).
     pub const fn name(self) -> &'static str {
         match self {
             Opt::UpgradesOutliveTimeouts => "upgrades-outlive-timeouts",
             Opt::RequestLogQueueWait => "request-log-queue-wait",
+            Opt::AdaptiveConcurrency => "adaptive-concurrency",
         }
     }
 
@@ -65,6 +73,7 @@ impl Opt {
         match self {
             Opt::UpgradesOutliveTimeouts => "QPROXY_OPTION_UPGRADES_OUTLIVE_TIMEOUTS",
             Opt::RequestLogQueueWait => "QPROXY_OPTION_REQUEST_LOG_QUEUE_WAIT",
+            Opt::AdaptiveConcurrency => "QPROXY_OPTION_ADAPTIVE_CONCURRENCY",
         }
     }
 

@@ -3,12 +3,16 @@
 //! With `CONTAINER_CONCURRENCY > 0`, a [`breaker::Breaker`] with that many
 //! slots and a queue of ten times as many waiting requests; a request that
 //! finds both full is answered `503` `pending request queue full` at once.
-//! Kubelet probes never take a slot. With `0` there is no limit.
+//! Kubelet probes never take a slot. With `0` there is no limit, unless
+//! qproxy's `adaptive-concurrency` option was on at start: then the limit
+//! is found from the app's latency ([`Breaker::adaptive`], with the rule's
+//! defaults and windows of [`ADAPTIVE_WINDOW`]), with a queue of ten times
+//! the highest limit.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use breaker::{Breaker, BreakerLayer, Exempt, PermitBody, QueueFull, Waited};
+use breaker::{Breaker, BreakerLayer, Exempt, GradientSettings, PermitBody, QueueFull, Waited};
 use http::{Request, Response, StatusCode};
 
 use crate::common::body::ReplyBody;
@@ -22,12 +26,22 @@ use crate::observe::queue_wait::QueueWait;
 pub(crate) type ConcurrencyLayer<B> =
     BreakerLayer<fn(QueueFull) -> Response<B>, KubeletProbes, QueueWaits>;
 
+/// The shortest window over which the adaptive limit measures the app
+/// (Envoy's filter's default).
+pub(crate) const ADAPTIVE_WINDOW: Duration = Duration::from_millis(100);
+
 /// The breaker Knative's queue-proxy builds for `container_concurrency`, if
 /// any: `container_concurrency` slots and ten times as many places in the
-/// queue.
-pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
+/// queue. Without a limit, and with `adaptive` on, an adaptive breaker.
+pub(crate) fn breaker(container_concurrency: u32, adaptive: bool) -> Option<Breaker> {
     if container_concurrency == 0 {
-        return None;
+        return adaptive.then(adaptive_breaker);
+    }
+    if adaptive {
+        tracing::warn!(
+            container_concurrency,
+            "qproxy option adaptive-concurrency is ignored: the revision sets containerConcurrency"
+        );
     }
     let depth = container_concurrency.saturating_mul(10);
     tracing::info!(
@@ -35,6 +49,19 @@ pub(crate) fn breaker(container_concurrency: u32) -> Option<Breaker> {
          MaxConcurrency:{container_concurrency}, InitialCapacity:{container_concurrency}}}"
     );
     Some(Breaker::new(container_concurrency, depth))
+}
+
+/// The breaker of the `adaptive-concurrency` option.
+fn adaptive_breaker() -> Breaker {
+    let settings = GradientSettings::default();
+    let depth = settings.max_limit.saturating_mul(10);
+    tracing::info!(
+        probe_limit = settings.probe_limit,
+        max_limit = settings.max_limit,
+        queue_depth = depth,
+        "the concurrency limit follows the app's latency (qproxy option adaptive-concurrency)"
+    );
+    Breaker::adaptive(settings, ADAPTIVE_WINDOW, depth)
 }
 
 /// Limits the requests reaching the app with `breaker`, their waits for a
@@ -145,7 +172,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_is_held_until_the_body_ends() {
-        let breaker = breaker(1).unwrap();
+        let breaker = breaker(1, false).unwrap();
         let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
         let res = service.oneshot(Request::new(())).await.unwrap();
         assert_eq!(breaker.in_flight(), 1, "answered, the body not yet sent");
@@ -159,7 +186,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_is_freed_when_the_body_is_dropped_early() {
-        let breaker = breaker(1).unwrap();
+        let breaker = breaker(1, false).unwrap();
         let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
         let mut body = service.oneshot(Request::new(())).await.unwrap().into_body();
         body.frame().await.unwrap().unwrap();
@@ -170,7 +197,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_kubelet_probe_takes_no_slot_and_a_full_queue_is_503() {
-        let breaker = breaker(1).unwrap();
+        let breaker = breaker(1, false).unwrap();
         let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
         let held = service.clone().oneshot(Request::new(())).await.unwrap();
         // One slot, ten places: the queue fills with ten waiting requests.
@@ -202,7 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_admitted_request_s_wait_is_counted_once_probes_not() {
-        let breaker = breaker(1).unwrap();
+        let breaker = breaker(1, false).unwrap();
         let waits = Arc::new(QueueWait::default());
         let service = layer::<QueuedFrames>(Some(breaker.clone()), Some(waits.clone()))
             .layer(service_fn(answer));

@@ -140,7 +140,7 @@ mod tests {
     #[tokio::test]
     async fn a_tunnel_holds_its_requests_slot_and_count_until_it_closes() {
         let opened = Arc::new(Mutex::new(Vec::new()));
-        let breaker = concurrency::breaker(1).unwrap();
+        let breaker = concurrency::breaker(1, false).unwrap();
         let tunnels = Tunnels::default();
         let service = UpgradeHoldLayer::new(tunnels.clone()).layer(
             concurrency::layer::<ReplyBody>(Some(breaker.clone()), None).layer(app(opened.clone())),

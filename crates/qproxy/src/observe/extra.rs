@@ -5,9 +5,11 @@
 use std::sync::Arc;
 
 use crate::common::startup::Startup;
+use crate::observe::adaptive_limit::AdaptiveLimit;
 use crate::observe::queue_wait::QueueWait;
 
-/// The start-up's spans and the queue's waits; cheap to clone.
+/// The start-up's spans, the queue's waits and the adaptive limit; cheap
+/// to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Extra {
     /// The start-up's spans ([`startup`](crate::common::startup)).
@@ -15,4 +17,7 @@ pub(crate) struct Extra {
     /// The queue's waits, where there is a queue
     /// ([`queue_wait`](crate::observe::queue_wait)).
     pub(crate) queue_wait: Option<Arc<QueueWait>>,
+    /// The adaptive concurrency limit, where the option gave one
+    /// ([`adaptive_limit`](crate::observe::adaptive_limit)).
+    pub(crate) adaptive: Option<AdaptiveLimit>,
 }

@@ -7,6 +7,7 @@
 //! view and the start-up's spans ([`MetricsEndpoint`]),
 //! and [`Observers::flush`] sends what the exporters still hold at exit.
 
+pub(crate) mod adaptive_limit;
 pub(crate) mod autoscaler_view;
 pub(crate) mod export;
 pub(crate) mod extra;
@@ -216,6 +217,9 @@ impl MetricsEndpoint {
             self.extra.startup.render(labels, &mut text);
             if let Some(waits) = &self.extra.queue_wait {
                 waits.render(labels, &mut text);
+            }
+            if let Some(limit) = &self.extra.adaptive {
+                limit.render(labels, &mut text);
             }
             text.into()
         })

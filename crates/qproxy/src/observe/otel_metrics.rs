@@ -190,6 +190,8 @@ struct Otlp {
     queue_depth: opentelemetry::metrics::Gauge<i64>,
     /// The start-up's spans, observed at each export once known.
     _startup: [ObservableGauge<f64>; 2],
+    /// The adaptive limit, where there is one.
+    _adaptive: Option<(ObservableGauge<u64>, ObservableGauge<f64>)>,
 }
 
 /// The Go SDK's export interval, when the configuration sets none.
@@ -334,6 +336,7 @@ impl OtelMetrics {
                 .with_unit("{request}")
                 .build(),
             _startup: startup_gauges(&own, &extra.startup),
+            _adaptive: extra.adaptive.as_ref().map(|limit| limit.gauges(&own)),
             provider,
         };
         Ok(Self {

@@ -32,10 +32,11 @@ pub(crate) use listener::Listener;
 use crate::admin::Admin;
 use crate::common::startup::Startup;
 use crate::common::tunnel_registry::Tunnels;
-use crate::config::{Config, Generation, LiveOptions, Options};
+use crate::config::{Config, Generation, LiveOptions, Opt, Options};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
 use crate::observe::Extra;
+use crate::observe::adaptive_limit::AdaptiveLimit;
 use crate::observe::autoscaler_view::AutoscalerView;
 use crate::observe::queue_wait::QueueWait;
 use crate::observe::{ExportError, Observers};
@@ -200,12 +201,16 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
     let tunnels = Tunnels::default();
     let (terminate, terminating) = watch::channel(false);
     let generation = config.observability.generation();
-    let breaker = concurrency::breaker(config.container_concurrency);
     let podinfo = PodInfo::new(&config.podinfo_dir, config.options);
     let options = podinfo.start();
+    let breaker = concurrency::breaker(
+        config.container_concurrency,
+        options.has(Opt::AdaptiveConcurrency),
+    );
     let extra = Extra {
         startup: Arc::new(Startup::begin()),
         queue_wait: breaker.as_ref().map(|_| Arc::new(QueueWait::default())),
+        adaptive: AdaptiveLimit::of(breaker.as_ref()),
     };
     let main = Shared {
         upstream: Arc::new(Upstream::new(

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::common::dir_events::DirEvents;
-use crate::config::{LiveOptions, Options};
+use crate::config::{LiveOptions, Opt, Options};
 
 /// The annotations file in the directory Knative mounts.
 const FILE: &str = "annotations";
@@ -94,6 +94,12 @@ impl PodInfo {
             let read = self.read();
             if read == last {
                 continue;
+            }
+            if read.has(Opt::AdaptiveConcurrency) != last.has(Opt::AdaptiveConcurrency) {
+                tracing::info!(
+                    "qproxy option adaptive-concurrency is read at start only: \
+                     it changes with the revision's next pod"
+                );
             }
             last = read;
             live.set(read);

@@ -352,3 +352,117 @@ async fn a_websocket_outlives_every_timeout_with_its_option_until_the_drain() {
         assert!(qp.wait_exit().success(), "{generation:?}");
     }
 }
+
+const ADAPTIVE_ON: &str = "features.knative.dev/queueproxy-podinfo=\"enabled\"\n\
+    qpextension.knative.dev/qproxy-adaptive-concurrency=\"on\"";
+/// The adaptive limit on the user metrics port, with the revision's labels.
+fn adaptive_limit(limit: u32) -> String {
+    format!(
+        "qproxy_adaptive_concurrency_limit{{{REVISION_LABELS},revision_name=\"hello-00001\",\
+         service_name=\"hello\"}} {limit}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adaptive_concurrency_limits_a_revision_without_one_to_the_probe_s_three_at_first() {
+    for generation in BOTH {
+        let (app, mut arrived) = App::holding("held").await;
+        let podinfo = PodInfo::new(ADAPTIVE_ON);
+        let (name, dir) = podinfo.var();
+        // Current Knative serves 9091 when its request metrics are
+        // Prometheus'.
+        let metrics = match generation {
+            Generation::Classic => None,
+            Generation::Current => Some(r#"{"requestMetrics":{"protocol":"prometheus"}}"#),
+        };
+        let mut env = with_vars(
+            knative_env_of(generation, app.port()),
+            &[(name, &dir), ("SERVING_LOGGING_LEVEL", "debug")],
+        );
+        if let Some(config) = metrics {
+            env = with_vars(env, &[("OBSERVABILITY_CONFIG", config)]);
+        }
+        let qp = QProxy::start_env(&env);
+        qp.wait_for_log("the adaptive limit", |l| {
+            l["message"]
+                == "the concurrency limit follows the app's latency \
+                    (qproxy option adaptive-concurrency)"
+                && l["probe_limit"] == 3
+        });
+        let main = qp.main;
+        let clients: Vec<_> = (0..5)
+            .map(|_| tokio::spawn(async move { text(h1(main, get("/", &[])).await).await }))
+            .collect();
+        // Three reach the app; the other two wait in qproxy's queue.
+        let mut releases = Vec::new();
+        for _ in 0..3 {
+            releases.push(
+                within("a request at the app", arrived.recv())
+                    .await
+                    .unwrap(),
+            );
+        }
+        qp.wait_for_log("two queued", |l| {
+            l["message"] == "request queued for a slot" && l["waiting"] == 2
+        });
+        let port = qp.metrics.expect("the metrics port");
+        scrape_until(port, &adaptive_limit(3)).await;
+        // Each one answered lets one more in.
+        for _ in 0..2 {
+            releases.remove(0).send(()).unwrap();
+            releases.push(within("a queued request", arrived.recv()).await.unwrap());
+        }
+        for release in releases {
+            release.send(()).unwrap();
+        }
+        for client in clients {
+            assert_eq!(within("an answer", client).await.unwrap(), "held");
+        }
+        assert_eq!(app.seen().len(), 5, "{generation:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adaptive_concurrency_is_read_at_start_and_leaves_a_set_container_concurrency_alone() {
+    // Turned on after the start: logged, not applied.
+    let app = App::hello().await;
+    let mut podinfo = PodInfo::new(WAIT_ON);
+    let (name, dir) = podinfo.var();
+    let qp = QProxy::start_env(&with_vars(knative_env(app.port()), &[(name, &dir)]));
+    qp.wait_for_log("the options logged", |l| {
+        l["message"] == "qproxy options on" && l["options"] == "request-log-queue-wait"
+    });
+    podinfo.update(ADAPTIVE_ON);
+    qp.wait_for_log("read at start only", |l| {
+        l["message"]
+            == "qproxy option adaptive-concurrency is read at start only: \
+                it changes with the revision's next pod"
+    });
+    text(h1(qp.main, get("/", &[])).await).await;
+    let metrics = scrape(qp.metrics.expect("the metrics port")).await;
+    assert!(!metrics.contains("qproxy_adaptive"), "{metrics}");
+
+    // With containerConcurrency set, the option is one warning and
+    // Knative's breaker.
+    let podinfo = PodInfo::new(ADAPTIVE_ON);
+    let (name, dir) = podinfo.var();
+    let qp = QProxy::start_env(&with_vars(
+        knative_env(app.port()),
+        &[(name, &dir), ("CONTAINER_CONCURRENCY", "2")],
+    ));
+    qp.wait_for_log("the warning", |l| {
+        l["severity"] == "WARNING"
+            && l["message"]
+                == "qproxy option adaptive-concurrency is ignored: the revision sets \
+                    containerConcurrency"
+            && l["container_concurrency"] == 2
+    });
+    qp.wait_for_log("Knative's breaker", |l| {
+        l["message"]
+            == "Queue container is starting with BreakerParams = queue.BreakerParams{QueueDepth:20, \
+                MaxConcurrency:2, InitialCapacity:2}"
+    });
+    text(h1(qp.main, get("/", &[])).await).await;
+    let metrics = scrape(qp.metrics.expect("the metrics port")).await;
+    assert!(!metrics.contains("qproxy_adaptive"), "{metrics}");
+}
