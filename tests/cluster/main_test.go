@@ -2,12 +2,14 @@
 // queue-proxy that Knative Serving's own controller injects into real pods,
 // on the cluster scripts/cluster starts. The same tests run against
 // Knative's own queue-proxy (tests/cluster/run switches between them), and
-// must give the same outcome with both.
+// must give the same outcome with both; the test of qproxy's additions
+// (beyond_test.go) asserts each proxy's own.
 //
 // Every test talks to the cluster as a client would: Knative Services
 // created through the API, requests through the ingress (Traefik) and the
 // activator, pods deleted through the API. A pod is read only where the
-// autoscaler reads it: its queue-proxy's statistics on port 9090.
+// autoscaler reads it (its queue-proxy's statistics on port 9090) and, for
+// qproxy's additions, where Prometheus reads it (9091).
 package cluster
 
 import (
