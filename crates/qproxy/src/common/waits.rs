@@ -1,11 +1,16 @@
 //! A request's wait for a slot in the breaker's queue, carried with the
 //! request to whoever reports it.
 //!
-//! The breaker learns the wait as it hands the request on. A
-//! [`WaitNote`] is put on the request by the request log layer (the
-//! `request-log-queue-wait` option), which keeps a handle; the breaker
-//! notes the wait in it, and the log line reads it at the end. Without
-//! the option, a request carries none.
+//! The breaker learns the wait as it hands the request on; qproxy's
+//! options report it further in, or once the request is done:
+//!
+//! - [`WaitNote`]: put on the request by the request log layer (the
+//!   `request-log-queue-wait` option), which keeps a handle; the breaker
+//!   notes the wait in it, and the log line reads it at the end;
+//! - [`SlotWait`]: the wait itself, put on the request by the breaker when
+//!   the `server-timing` option is on, for the proxy that writes the field.
+//!
+//! With neither option on, a request carries neither.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +46,20 @@ impl WaitNote {
     /// before it got one).
     pub(crate) fn wait(&self) -> Duration {
         Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// The wait for a slot, as the breaker put it on the request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlotWait(pub(crate) Duration);
+
+impl SlotWait {
+    /// The wait on `req`: zero when none was put there (no breaker, or an
+    /// exempt request).
+    pub(crate) fn of<B>(req: &Request<B>) -> Duration {
+        req.extensions()
+            .get::<SlotWait>()
+            .map_or(Duration::ZERO, |w| w.0)
     }
 }
 

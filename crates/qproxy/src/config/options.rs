@@ -49,14 +49,18 @@ pub enum Opt {
     /// A revision without `containerConcurrency` gets a limit found from
     /// the app's latency. Read at start only.
     AdaptiveConcurrency,
+    /// Answers carry `Server-Timing`: the wait for a slot and the app's
+    /// time.
+    ServerTiming,
 }
 
 impl Opt {
     /// Every option.
-    pub const ALL: [Opt; 3] = [
+    pub const ALL: [Opt; 4] = [
         Opt::UpgradesOutliveTimeouts,
         Opt::RequestLogQueueWait,
         Opt::AdaptiveConcurrency,
+        Opt::ServerTiming,
     ];
 
     /// The option's name, as its annotation ends (`qproxy-<name>`).
@@ -65,6 +69,7 @@ impl Opt {
             Opt::UpgradesOutliveTimeouts => "upgrades-outlive-timeouts",
             Opt::RequestLogQueueWait => "request-log-queue-wait",
             Opt::AdaptiveConcurrency => "adaptive-concurrency",
+            Opt::ServerTiming => "server-timing",
         }
     }
 
@@ -74,6 +79,7 @@ impl Opt {
             Opt::UpgradesOutliveTimeouts => "QPROXY_OPTION_UPGRADES_OUTLIVE_TIMEOUTS",
             Opt::RequestLogQueueWait => "QPROXY_OPTION_REQUEST_LOG_QUEUE_WAIT",
             Opt::AdaptiveConcurrency => "QPROXY_OPTION_ADAPTIVE_CONCURRENCY",
+            Opt::ServerTiming => "QPROXY_OPTION_SERVER_TIMING",
         }
     }
 

@@ -18,7 +18,8 @@ use http::{Request, Response, StatusCode};
 use crate::common::body::ReplyBody;
 use crate::common::facts::{HasFacts, facts};
 use crate::common::reply::http_error;
-use crate::common::waits::WaitNote;
+use crate::common::waits::{SlotWait, WaitNote};
+use crate::config::{LiveOptions, Opt};
 use crate::observe::queue_wait::QueueWait;
 
 /// The breaker layer of the main port, whose inner responses have bodies
@@ -76,7 +77,8 @@ pub(crate) fn layer<B: From<ReplyBody>>(
 }
 
 /// Counts each request's wait for a slot, when counted, and notes it on
-/// the request for its log line ([`WaitNote`]) when that asks.
+/// the request for its log line ([`WaitNote`]) when that asks, and for
+/// `Server-Timing` ([`SlotWait`]) when that option is on.
 #[derive(Debug, Clone)]
 pub(crate) struct QueueWaits(Option<Arc<QueueWait>>);
 
@@ -87,6 +89,9 @@ impl<B> Waited<B> for QueueWaits {
         }
         if let Some(note) = WaitNote::of(req) {
             note.note(wait);
+        }
+        if LiveOptions.has(Opt::ServerTiming) {
+            req.extensions_mut().insert(SlotWait(wait));
         }
     }
 }

@@ -9,6 +9,7 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h2c::H2cBody;
+use super::timing::Timing;
 use crate::common::body::ReplyBody;
 use qproxy_http1::client::{ResponseBody, ResponseBodyError};
 use qproxy_http1::pool::Checkin;
@@ -33,6 +34,9 @@ pub(crate) enum ProxyBody {
     H2c(H2cBody),
     /// A body qproxy made itself (error texts, probe answers).
     Reply(ReplyBody),
+    /// A gRPC answer that adds `Server-Timing` to its trailers (boxed: it
+    /// is rare, and every body is moved through the stack).
+    Timed(Box<TimedBody>),
 }
 
 impl ProxyBody {
@@ -88,6 +92,8 @@ impl http_body::Body for ProxyBody {
                     .poll_frame(cx)
                     .map(|f| f.map(|f| f.map_err(|e| match e {})));
             }
+            // The body inside says if it failed.
+            ProxyBody::Timed(b) => return b.poll_frame(cx),
         };
         if let Poll::Ready(Some(Err(e))) = &polled {
             tracing::debug!(error = %e, "response body from the user container failed");
@@ -101,6 +107,7 @@ impl http_body::Body for ProxyBody {
             ProxyBody::App(b) => b.is_end_stream(),
             ProxyBody::H2c(b) => b.is_end_stream(),
             ProxyBody::Reply(b) => b.is_end_stream(),
+            ProxyBody::Timed(b) => b.body.is_end_stream(),
         }
     }
 
@@ -110,6 +117,7 @@ impl http_body::Body for ProxyBody {
             ProxyBody::App(b) => b.size_hint(),
             ProxyBody::H2c(b) => b.size_hint(),
             ProxyBody::Reply(b) => b.size_hint(),
+            ProxyBody::Timed(b) => b.body.size_hint(),
         }
     }
 }
@@ -118,6 +126,39 @@ impl http_body::Body for ProxyBody {
 fn release(checkin: &mut Option<Checkin<HyperConn>>) {
     if let Some(checkin) = checkin.take() {
         checkin.release();
+    }
+}
+
+impl ProxyBody {
+    /// This body, adding `timing`'s `Server-Timing` to its trailers.
+    pub(crate) fn timed(self, timing: Timing) -> Self {
+        ProxyBody::Timed(Box::new(TimedBody { body: self, timing }))
+    }
+}
+
+/// A gRPC answer's body, which adds `Server-Timing` to its trailers.
+#[derive(Debug)]
+pub(crate) struct TimedBody {
+    body: ProxyBody,
+    timing: Timing,
+}
+
+impl TimedBody {
+    /// The inner body's next frame, trailers with the field added. Kept
+    /// out of [`ProxyBody`]'s own: every other body goes through that.
+    #[cold]
+    #[inline(never)]
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ProxyBodyError>>> {
+        let mut polled = http_body::Body::poll_frame(Pin::new(&mut self.body), cx);
+        if let Poll::Ready(Some(Ok(frame))) = &mut polled
+            && let Some(trailers) = frame.trailers_mut()
+        {
+            self.timing.add_to(trailers);
+        }
+        polled
     }
 }
 

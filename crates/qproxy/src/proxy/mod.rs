@@ -16,6 +16,7 @@ pub(crate) mod error;
 pub(crate) mod h2c;
 pub(crate) mod hop;
 pub(crate) mod hyper_conn;
+pub(crate) mod timing;
 pub(crate) mod tunnel_copy;
 pub(crate) mod upstream;
 
@@ -40,7 +41,9 @@ use crate::common::headers::{
 use crate::common::reply::http_error;
 use crate::common::startup::Startup;
 use crate::common::tunnel_registry::TunnelDeadline;
+use crate::config::{LiveOptions, Opt};
 use crate::proxy::body::ProxyBody;
+use crate::proxy::timing::Timing;
 pub(crate) use error::UpstreamError;
 pub(crate) use upstream::{Upstream, WholeRequest};
 
@@ -77,7 +80,42 @@ impl Service<Request<RequestBody>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<RequestBody>) -> Self::Future {
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
+        if LiveOptions.has(Opt::ServerTiming) {
+            return self.timed(req);
+        }
+        self.untimed(req)
+    }
+}
+
+impl Proxy {
+    /// The answer with `Server-Timing` ([`timing`]): a future of its own
+    /// around the common one, which carries nothing for it.
+    #[cold]
+    #[inline(never)]
+    fn timed(
+        &mut self,
+        req: Request<RequestBody>,
+    ) -> <Self as Service<Request<RequestBody>>>::Future {
+        let timing = Timing::start(&req);
+        let answer = self.untimed(req);
+        Box::pin(async move {
+            let mut res = answer.await?;
+            timing.add_to(res.headers_mut());
+            if timing::is_grpc(res.headers()) {
+                let body = std::mem::replace(res.body_mut(), ReplyBody::empty().into());
+                *res.body_mut() = body.timed(timing);
+            }
+            Ok(res)
+        })
+    }
+
+    /// The answer.
+    #[inline(never)]
+    fn untimed(
+        &mut self,
+        mut req: Request<RequestBody>,
+    ) -> <Self as Service<Request<RequestBody>>>::Future {
         // Only until the app's first answer to a request that is not a
         // probe: a load on every request after.
         let first = (self.startup.awaits_first_request() && !req.body().facts.is_probe())

@@ -2,7 +2,8 @@
 //! from the pod's annotations as the kubelet mounts them (and followed as
 //! the kubelet updates them), with defaults from the image's environment;
 //! and what each option changes: the request log's `.Response.QueueWait`,
-//! upgraded connections past the timeouts.
+//! upgraded connections past the timeouts, the adaptive limit,
+//! `Server-Timing`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -465,4 +466,114 @@ async fn adaptive_concurrency_is_read_at_start_and_leaves_a_set_container_concur
     text(h1(qp.main, get("/", &[])).await).await;
     let metrics = scrape(qp.metrics.expect("the metrics port")).await;
     assert!(!metrics.contains("qproxy_adaptive"), "{metrics}");
+}
+
+const TIMING_ON: &str = "features.knative.dev/queueproxy-podinfo=\"enabled\"\n\
+    qpoption.knative.dev/qproxy-server-timing=\"on\"";
+
+/// The `Server-Timing` fields of a head or trailers.
+fn server_timing(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all("server-timing")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The two durations of qproxy's `Server-Timing` field, in milliseconds.
+fn durations(field: &str) -> (f64, f64) {
+    let (queue, app) = field.split_once(", ").unwrap();
+    let ms = |part: &str, name: &str| -> f64 {
+        part.strip_prefix(name)
+            .and_then(|d| d.strip_prefix(";dur="))
+            .unwrap_or_else(|| panic!("{name} in {field}"))
+            .parse()
+            .unwrap()
+    };
+    (ms(queue, "qproxy-queue"), ms(app, "app"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_timing_tells_the_wait_in_the_queue_from_the_app_s_time() {
+    for generation in BOTH {
+        let (app, mut arrived) = App::holding("held").await;
+        let podinfo = PodInfo::new(TIMING_ON);
+        let (name, dir) = podinfo.var();
+        let limited = [
+            ("CONTAINER_CONCURRENCY", "1"),
+            ("SERVING_LOGGING_LEVEL", "debug"),
+        ];
+        let qp = QProxy::start_env(&with_vars(
+            with_vars(knative_env_of(generation, app.port()), &limited),
+            &[(name, &dir)],
+        ));
+        let (first, queued) = one_held_one_queued(&qp, &mut arrived).await;
+        let (first_queue, first_app) = durations(&server_timing(first.headers())[0]);
+        let (queued_queue, queued_app) = durations(&server_timing(queued.headers())[0]);
+        assert_eq!(first_queue, 0.0, "{generation:?}: a slot was free");
+        assert!(
+            first_app >= HALF_HELD_MS,
+            "{generation:?}: held {first_app} ms"
+        );
+        assert!(
+            queued_queue >= HALF_HELD_MS,
+            "{generation:?}: queued behind the first for {queued_queue} ms"
+        );
+        assert!(queued_app >= 0.0);
+        assert_eq!(text(queued).await, "held");
+
+        // Without the option, nothing: the drop-in's answers.
+        let (app, mut arrived) = App::holding("held").await;
+        let qp = QProxy::start_env(&with_vars(knative_env_of(generation, app.port()), &limited));
+        let (first, queued) = one_held_one_queued(&qp, &mut arrived).await;
+        assert!(server_timing(first.headers()).is_empty());
+        assert!(server_timing(queued.headers()).is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grpc_call_gets_server_timing_in_its_trailers_too() {
+    let app = App::start(|_req| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let frames = futures_util::stream::iter([
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(hyper::body::Frame::data(
+                bytes::Bytes::from_static(b"\0\0\0\0\0"),
+            )),
+            Ok(hyper::body::Frame::trailers(trailers)),
+        ]);
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .body(http_body_util::BodyExt::boxed(
+                http_body_util::StreamBody::new(frames),
+            ))
+            .unwrap()
+    })
+    .await;
+    for generation in BOTH {
+        let podinfo = PodInfo::new(TIMING_ON);
+        let (name, dir) = podinfo.var();
+        let qp = QProxy::start_env(&with_vars(
+            knative_env_of(generation, app.port()),
+            &[(name, &dir)],
+        ));
+        let req = http::Request::post("http://hello.example.com/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(full(&b"\0\0\0\0\0"[..]))
+            .unwrap();
+        let res = h2(qp.main, req).await;
+        assert_eq!(server_timing(res.headers()).len(), 1, "{generation:?}");
+        let body = within(
+            "the call",
+            http_body_util::BodyExt::collect(res.into_body()),
+        )
+        .await
+        .unwrap();
+        let trailers = body.trailers().expect("the app's trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        let fields = server_timing(trailers);
+        assert_eq!(fields.len(), 1, "{generation:?}: {fields:?}");
+        assert_eq!(durations(&fields[0]).0, 0.0, "no limit, no wait");
+    }
 }
