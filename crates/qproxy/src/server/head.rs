@@ -22,10 +22,11 @@
 //!   whose sleeps start counting only once [`Watched`], the connection's
 //!   I/O, sees the head's first bytes arrive.
 //!
-//! A connection's first head is read ahead of hyper, into a buffer the
-//! size of what has come ([`read_first_head`]): hyper's 16 KiB of buffers
-//! are only taken once a client has sent a whole head, so that slow
-//! clients cost less than they cost Go's server.
+//! A connection's first head is read ahead of hyper, into a buffer taken
+//! once the first bytes have come and the size of what has come
+//! ([`read_first_head`]): hyper's 16 KiB of buffers are only taken once a
+//! client has sent a whole head, so that idle and slow clients cost less
+//! than they cost Go's server.
 //!
 //! One case differs from Go: bytes of the next request that arrived with
 //! the previous one (pipelining) start no clock until more bytes come. A
@@ -75,6 +76,11 @@ const READ_AHEAD_MAX: usize = 16 * 1024;
 /// client stops sending; returns them, for [`Watched`] to give hyper
 /// first.
 pub(crate) async fn read_first_head<IO: AsyncRead + Unpin>(io: &mut IO) -> io::Result<Bytes> {
+    // Room is taken once the first bytes have come: a connection that
+    // sends nothing holds no buffer. A read into no room waits until the
+    // socket is readable (or a TLS stream has plaintext) and takes
+    // nothing.
+    poll_fn(|cx| Pin::new(&mut *io).poll_read(cx, &mut ReadBuf::new(&mut []))).await?;
     let mut buf = BytesMut::with_capacity(READ_AHEAD_FIRST);
     loop {
         if buf.len() == buf.capacity() {
