@@ -12,7 +12,6 @@ Needs what benches/harness.py needs for load 1: cargo, go, taskset, wrk.
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -46,21 +45,16 @@ def build(args):
     return bins
 
 
-def start_qproxy(bins, name, app_port):
-    """qproxy on CPU 0 in front of the app, as the image runs it, with
-    Knative's environment for a revision without containerConcurrency;
-    (process, main port, metrics port)."""
-    port, metrics = harness.free_port(), harness.free_port()
-    env = harness.knative_env(app_port, port, cc=0)
-    env.update(QPROXY_ADMIN_PORT="0", QPROXY_STATS_PORT="0", QPROXY_METRICS_PORT=str(metrics),
-               QPROXY_DRAIN_QUIET_SECONDS="0")
-    env.update(kv.split("=", 1) for kv in harness.oci_image.IMAGES["qproxy"].get("env", []))
-    if name == "qproxy-adaptive":
-        env["QPROXY_OPTION_ADAPTIVE_CONCURRENCY"] = "on"
-    p = subprocess.Popen(harness.pin(0, [bins["qproxy"]]), env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-    harness.wait_for(f"{name} to serve", lambda: harness.get(port)[0] == 200)
-    return p, port, metrics
+def contender(bins, name):
+    """The harness's contender for `name`, and the port its limit is read
+    on: both qproxys are the harness's `qproxy` (Knative's environment for a
+    revision without containerConcurrency, as the image runs it), the
+    option and a known metrics port set for the adaptive one."""
+    if name == "direct":
+        return harness.Contender("direct", bins, "pinned"), None
+    metrics = harness.free_port() if name == "qproxy-adaptive" else None
+    env = [f"QPROXY_METRICS_PORT={metrics}", "QPROXY_OPTION_ADAPTIVE_CONCURRENCY=on"] if metrics else []
+    return harness.Contender("qproxy", {**bins, "qproxy-env": env}, "pinned"), metrics
 
 
 def scrape_limit(metrics):
@@ -104,24 +98,21 @@ def run(args, bins):
         for rnd in range(args.rounds):
             turn = rnd % len(CONTENDERS)
             for name in CONTENDERS[turn:] + CONTENDERS[:turn]:
-                proc, metrics = None, None
-                port = app_port
-                if name != "direct":
-                    proc, port, metrics = start_qproxy(bins, name, app_port)
+                c, metrics = contender(bins, name)
+                c.start(app_port)
                 try:
-                    tracer = LimitTrace(metrics) if name == "qproxy-adaptive" else None
+                    tracer = LimitTrace(metrics) if metrics else None
                     if tracer:
                         tracer.start()
                     # The first seconds, the limit learning, are measured
                     # too: a revision's pods meet their load cold.
-                    r = harness.run_wrk(bins, port, path, args.connections, args.seconds, 0)
+                    r = harness.run_wrk(bins, c.port, path, args.connections, args.seconds, 0)
                     if tracer:
                         points = tracer.stop()
                         r["limit"] = points[-1][1] if points else None
                         trace = trace or points
                 finally:
-                    if proc:
-                        harness.stop(proc)
+                    c.stop()
                 results.setdefault(name, []).append(r)
                 print(f"  {name:16} round {rnd + 1}: {r['rps']:8.0f} req/s  p50 {ms(r['p50'])}  "
                       f"p99 {ms(r['p99'])}  errors {r['errors']}"

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -140,18 +139,7 @@ func TestAdditionsAskedForByAnnotation(t *testing.T) {
 
 	// A WebSocket through the ingress, echoing once a second for eight
 	// seconds: twice the revision's timeout.
-	dialer := websocket.Dialer{
-		NetDial:          func(network, _ string) (net.Conn, error) { return net.Dial(network, ingress) },
-		HandshakeTimeout: time.Minute,
-	}
-	conn, resp, err := dialer.Dial("ws://"+host(svc.name)+"/", nil)
-	if err != nil {
-		status := 0
-		if resp != nil {
-			status = resp.StatusCode
-		}
-		t.Fatalf("WebSocket handshake through the ingress: %v (status %d)", err, status)
-	}
+	conn := dialWebSocket(t, svc.name)
 	defer conn.Close()
 	start := time.Now()
 	var cut error

@@ -24,18 +24,7 @@ func TestWebSocketThroughIngressAndActivator(t *testing.T) {
 	eventually(t, "the activator in the path", 2*time.Minute, func() (bool, error) {
 		return sksMode(t, svc.revision) == netv1alpha1.SKSOperationModeProxy, nil
 	})
-	dialer := websocket.Dialer{
-		NetDial:          func(network, _ string) (net.Conn, error) { return net.Dial(network, ingress) },
-		HandshakeTimeout: time.Minute,
-	}
-	conn, resp, err := dialer.Dial("ws://"+host(svc.name)+"/", nil)
-	if err != nil {
-		status := 0
-		if resp != nil {
-			status = resp.StatusCode
-		}
-		t.Fatalf("WebSocket handshake through the ingress: %v (status %d)", err, status)
-	}
+	conn := dialWebSocket(t, svc.name)
 	defer conn.Close()
 	for _, message := range []string{"hello", "from qproxy's cluster tests"} {
 		if err := conn.WriteMessage(websocket.TextMessage, []byte(message)); err != nil {
@@ -47,6 +36,25 @@ func TestWebSocketThroughIngressAndActivator(t *testing.T) {
 			t.Fatalf("echo of %q: %q (type %d) %v", message, got, kind, err)
 		}
 	}
+}
+
+// dialWebSocket opens a WebSocket to the Service `name` through the
+// ingress, failing the test if the handshake fails.
+func dialWebSocket(t *testing.T, name string) *websocket.Conn {
+	t.Helper()
+	dialer := websocket.Dialer{
+		NetDial:          func(network, _ string) (net.Conn, error) { return net.Dial(network, ingress) },
+		HandshakeTimeout: time.Minute,
+	}
+	conn, resp, err := dialer.Dial("ws://"+host(name)+"/", nil)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		t.Fatalf("WebSocket handshake through the ingress: %v (status %d)", err, status)
+	}
+	return conn
 }
 
 // gRPC (h2c) through the ingress, the activator and the queue-proxy: a

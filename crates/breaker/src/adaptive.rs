@@ -89,7 +89,8 @@ impl Adaptive {
     /// A slot was given back. Returns the new limit when this closed a
     /// window.
     pub(crate) fn gave_back(&self) -> Option<u32> {
-        self.gave_back_at(self.epoch.elapsed())
+        let closed = self.closing_at(self.epoch.elapsed());
+        closed.map(|(_, limit)| limit)
     }
 
     /// A slot was taken at `now` (since the epoch).
@@ -99,13 +100,7 @@ impl Adaptive {
         meter.held = meter.held.saturating_add(1);
     }
 
-    /// A slot was given back at `now` (since the epoch); the window it
-    /// closed, if it did, and the new limit.
-    fn gave_back_at(&self, now: Duration) -> Option<u32> {
-        self.closing_at(now).map(|(_, limit)| limit)
-    }
-
-    /// A slot was given back at `now`; the window it closed, if it did,
+    /// A slot was given back at `now` (since the epoch); the window it closed, if it did,
     /// and the new limit.
     fn closing_at(&self, now: Duration) -> Option<(Window, u32)> {
         let mut meter = self.lock();
@@ -182,7 +177,7 @@ mod tests {
         assert_eq!(adaptive.limit(), 3);
         for i in 0..4 {
             adaptive.took_at(ms(20 * i));
-            adaptive.gave_back_at(ms(20 * i + 10));
+            adaptive.closing_at(ms(20 * i + 10));
         }
         assert_eq!(adaptive.unloaded(), Some(ms(10)));
         assert_eq!(adaptive.limit(), settings.initial);

@@ -11,10 +11,10 @@
 //! `qproxy.adaptive_concurrency.limit` and
 //! `qproxy.adaptive_concurrency.unloaded` (unit `s`) beside them.
 
-use std::fmt::Write as _;
-
 use breaker::Breaker;
 use opentelemetry::metrics::{Meter, ObservableGauge};
+
+use crate::observe::prom_text::gauge;
 
 const LIMIT: &str = "qproxy_adaptive_concurrency_limit";
 const LIMIT_HELP: &str = "The concurrency limit qproxy found from the app's latency.";
@@ -38,13 +38,9 @@ impl AdaptiveLimit {
     /// Appends the gauges, labelled with `labels`, in the Prometheus text
     /// format, to `out`.
     pub(crate) fn render(&self, labels: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {LIMIT} {LIMIT_HELP}");
-        let _ = writeln!(out, "# TYPE {LIMIT} gauge");
-        let _ = writeln!(out, "{LIMIT}{{{labels}}} {}", self.0.capacity());
+        gauge(out, LIMIT, LIMIT_HELP, labels, self.0.capacity());
         if let Some(unloaded) = self.0.unloaded() {
-            let _ = writeln!(out, "# HELP {UNLOADED} {UNLOADED_HELP}");
-            let _ = writeln!(out, "# TYPE {UNLOADED} gauge");
-            let _ = writeln!(out, "{UNLOADED}{{{labels}}} {}", unloaded.as_secs_f64());
+            gauge(out, UNLOADED, UNLOADED_HELP, labels, unloaded.as_secs_f64());
         }
     }
 

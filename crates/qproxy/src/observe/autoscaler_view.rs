@@ -11,13 +11,12 @@
 //! Knative's own: an addition, not a difference. The bytes on 9090 stay
 //! Knative's.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use autoscaler_client::{Reporter, Stat};
 
 use crate::config::Revision;
-use crate::observe::prom_text::label;
+use crate::observe::prom_text::{gauge, label};
 
 /// One gauge: its name, its help, and the figure of the `Stat` it shows.
 type Gauge = (&'static str, &'static str, fn(&Stat) -> f64);
@@ -92,9 +91,7 @@ impl AutoscalerView {
     pub(crate) fn render(&self, out: &mut String) {
         let latest = self.reporter.latest();
         for (name, help, figure) in GAUGES {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name}{{{}}} {}", self.labels, figure(&latest.stat));
+            gauge(out, name, help, &self.labels, figure(&latest.stat));
         }
     }
 }

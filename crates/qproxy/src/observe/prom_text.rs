@@ -1,6 +1,16 @@
 //! The Prometheus text format's rules that qproxy's own families need
 //! where no exporter writes them for it.
 
+use std::fmt::{Display, Write as _};
+
+/// Appends a gauge family of one sample, `name{labels} value`, with its
+/// help and type, to `out`.
+pub(crate) fn gauge(out: &mut String, name: &str, help: &str, labels: &str, value: impl Display) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "{name}{{{labels}}} {value}");
+}
+
 /// `name="value"`, the value escaped as the text format escapes a label
 /// value: backslash, double quote and line feed.
 pub(crate) fn label(name: &str, value: &str) -> String {
