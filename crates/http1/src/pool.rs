@@ -1,13 +1,11 @@
-//! HTTP/1.1 connections to the app kept alive for reuse: the idle ones,
-//! and the [`Checkin`] by which a response body hands its connection back
-//! once the app's response has been read to its end.
+//! HTTP/1.1 connections to the app kept alive for reuse, one pool
+//! whichever request they served.
 //!
 //! The idle connections are a stack: a request takes the one used last,
 //! as Go's transport does, so that the others age out. At most `max` are
-//! kept, each for at most 90 s (Go's transport default). The stack holds
-//! any kind of connection that says, through [`Pooled`], whether it is
-//! still open: qproxy keeps hyper's connections and its own apart, a
-//! stack of each.
+//! kept, each for at most 90 s (Go's transport default), or for less when
+//! the app announced a shorter idle time ([`Pooled::keep`]): a connection
+//! past it is closed when it is found, never written to.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -23,9 +21,15 @@ pub const IDLE_SWEEP: Duration = Duration::from_secs(15);
 pub trait Pooled {
     /// Whether the app has closed it (or it can no longer be used).
     fn is_closed(&self) -> bool;
+
+    /// How long it may wait idle, if less than [`IDLE_TIMEOUT`].
+    fn keep(&self) -> Option<Duration> {
+        None
+    }
 }
 
-/// The idle HTTP/1.1 connections, the one used last at the end.
+/// The idle HTTP/1.1 connections, the one used last at the end, each with
+/// the time it stops being reused.
 #[derive(Debug)]
 pub struct Idle<C> {
     max: usize,
@@ -44,11 +48,13 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         idle
     }
 
-    /// The connection used last, if one is open.
+    /// The connection used last, if one is open and within its idle time;
+    /// those passed over are closed.
     pub fn take(&self) -> Option<C> {
+        let now = Instant::now();
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some((conn, _)) = conns.pop() {
-            if !conn.is_closed() {
+        while let Some((conn, until)) = conns.pop() {
+            if now < until && !conn.is_closed() {
                 return Some(conn);
             }
         }
@@ -60,18 +66,21 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         if conn.is_closed() {
             return;
         }
+        let keep = conn.keep().map_or(IDLE_TIMEOUT, |k| k.min(IDLE_TIMEOUT));
+        if keep.is_zero() {
+            return;
+        }
+        let until = Instant::now() + keep;
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         if conns.len() < self.max {
-            conns.push((conn, Instant::now()));
+            conns.push((conn, until));
         }
     }
 
-    /// Closes the connections idle for longer than [`IDLE_TIMEOUT`].
+    /// Closes the connections past their idle time.
     fn sweep(&self, now: Instant) {
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        conns.retain(|(conn, since)| {
-            !conn.is_closed() && now.saturating_duration_since(*since) < IDLE_TIMEOUT
-        });
+        conns.retain(|(conn, until)| now < *until && !conn.is_closed());
     }
 
     /// Sweeps `idle` every [`IDLE_SWEEP`] while it exists.
@@ -91,90 +100,61 @@ impl<C: Pooled + Send + 'static> Idle<C> {
     }
 }
 
-/// A connection whose response is being read: handed back for reuse by
-/// [`Checkin::release`] once the response has been read to its end, closed
-/// if dropped before that.
-#[derive(Debug)]
-pub struct Checkin<C: Pooled + Send + 'static> {
-    idle: Arc<Idle<C>>,
-    conn: C,
-}
-
-impl<C: Pooled + Send + 'static> Checkin<C> {
-    /// `conn`, to be handed back to `idle`.
-    pub fn new(idle: Arc<Idle<C>>, conn: C) -> Self {
-        Checkin { idle, conn }
-    }
-
-    /// The response was read whole: the connection may serve another.
-    pub fn release(self) {
-        self.idle.put(self.conn);
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
-
-    use hyper::client::conn::http1;
-    use hyper_util::rt::TokioIo;
-    use tokio::io::DuplexStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
 
-    /// A hyper HTTP/1.1 client connection, as qproxy pools them; `local`
-    /// tells one apart.
+    /// A connection told apart by `port`, closed when its flag is set,
+    /// kept as long as its app announced.
     struct TestConn {
-        sender: http1::SendRequest<http_body_util::Empty<bytes::Bytes>>,
-        local: SocketAddr,
+        port: u16,
+        closed: Arc<AtomicBool>,
+        keep: Option<Duration>,
     }
 
     impl Pooled for TestConn {
         fn is_closed(&self) -> bool {
-            self.sender.is_closed()
+            self.closed.load(Ordering::Relaxed)
+        }
+
+        fn keep(&self) -> Option<Duration> {
+            self.keep
         }
     }
 
-    /// A connection over an in-memory stream, open while the returned task
-    /// and stream are; `port` tells it apart.
-    async fn conn(port: u16) -> (TestConn, (tokio::task::JoinHandle<()>, DuplexStream)) {
-        let (ours, theirs) = tokio::io::duplex(64);
-        let (sender, connection) = http1::handshake(TokioIo::new(ours)).await.unwrap();
-        let task = tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let local = SocketAddr::from(([127, 0, 0, 1], port));
-        (TestConn { sender, local }, (task, theirs))
+    fn conn(port: u16) -> TestConn {
+        TestConn {
+            port,
+            closed: Arc::default(),
+            keep: None,
+        }
     }
 
     fn ports(idle: &Idle<TestConn>) -> Vec<u16> {
         let conns = idle.conns.lock().unwrap();
-        conns.iter().map(|(c, _)| c.local.port()).collect()
+        conns.iter().map(|(c, _)| c.port).collect()
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_last_used_is_taken_first_and_at_most_max_are_kept() {
         let idle = Idle::new(2);
-        let mut tasks = Vec::new();
         for port in [1, 2, 3] {
-            let (c, task) = conn(port).await;
-            tasks.push(task);
-            idle.put(c);
+            idle.put(conn(port));
         }
         assert_eq!(ports(&idle), [1, 2], "the third is closed, not kept");
-        assert_eq!(idle.take().unwrap().local.port(), 2);
-        assert_eq!(idle.take().unwrap().local.port(), 1);
+        assert_eq!(idle.take().unwrap().port, 2);
+        assert_eq!(idle.take().unwrap().port, 1);
         assert!(idle.take().is_none());
     }
 
     #[tokio::test(start_paused = true)]
     async fn connections_idle_for_90_seconds_are_closed() {
         let idle = Idle::new(10);
-        let (old, _t1) = conn(1).await;
-        idle.put(old);
+        idle.put(conn(1));
         tokio::time::sleep(Duration::from_secs(60)).await;
-        let (young, _t2) = conn(2).await;
-        idle.put(young);
+        idle.put(conn(2));
         // The sweep runs every 15 s: by 105 s the first has aged out.
         tokio::time::sleep(Duration::from_secs(45)).await;
         assert_eq!(ports(&idle), [2]);
@@ -185,16 +165,41 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_closed_connection_is_neither_kept_nor_taken() {
         let idle = Idle::new(10);
-        let (c, (task, _app)) = conn(1).await;
+        let c = conn(1);
+        let closed = c.closed.clone();
         idle.put(c);
-        // The connection's task ends: its sender reports it closed.
-        task.abort();
-        let _ = task.await;
+        closed.store(true, Ordering::Relaxed);
         assert!(idle.take().is_none());
-        let (c, (task, _app)) = conn(2).await;
-        task.abort();
-        let _ = task.await;
+        let c = conn(2);
+        c.closed.store(true, Ordering::Relaxed);
         idle.put(c);
         assert!(ports(&idle).is_empty());
+    }
+
+    /// The app's announced idle time bounds a connection's: past it, the
+    /// connection is passed over (and closed) for an older one still
+    /// within its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_not_taken_past_the_idle_time_its_app_announced() {
+        let idle = Idle::new(10);
+        idle.put(conn(1));
+        idle.put(TestConn {
+            keep: Some(Duration::from_millis(750)),
+            ..conn(2)
+        });
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(idle.take().unwrap().port, 2, "still within its time");
+        idle.put(TestConn {
+            keep: Some(Duration::from_millis(750)),
+            ..conn(2)
+        });
+        tokio::time::sleep(Duration::from_millis(751)).await;
+        assert_eq!(idle.take().unwrap().port, 1, "2 is past its time");
+        assert!(idle.take().is_none());
+        idle.put(TestConn {
+            keep: Some(Duration::ZERO),
+            ..conn(3)
+        });
+        assert!(ports(&idle).is_empty(), "no idle time: not kept");
     }
 }

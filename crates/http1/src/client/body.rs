@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
-use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, parse};
+use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, Uploading, parse};
 use crate::pool::Idle;
 use crate::wire::chunked::{self, Decoded};
 
@@ -35,10 +35,17 @@ pub enum ResponseBodyError {
 
 /// A response body read from an [`ClientConn`], which goes back to `idle`
 /// once the body has been read to its end, if it may be reused.
+///
+/// When the app answered before it had the whole request body, the rest is
+/// written on while the response is read; the connection is reused only if
+/// the request body was written whole by the response's end (if not, it
+/// is closed, and the client's body let go of).
 #[derive(Debug)]
 pub struct ResponseBody {
     /// The connection, until the body has ended.
     conn: Option<ClientConn>,
+    /// The rest of the request body, still being written.
+    upload: Option<Box<dyn Uploading>>,
     /// Where the connection goes back, when it may be reused.
     idle: Option<Arc<Idle<ClientConn>>>,
     /// Bytes read and not yet passed on.
@@ -53,12 +60,20 @@ pub struct ResponseBody {
 
 impl ResponseBody {
     /// The body of `head`, read over `conn` (what came after the head is
-    /// in its buffer); an empty body gives the connection back at once.
-    pub fn new(mut conn: ClientConn, head: &ResponseHead, idle: Arc<Idle<ClientConn>>) -> Self {
+    /// in its buffer), while `upload`, if any, is written on; an empty body
+    /// gives the connection back at once. Without `idle`, the connection
+    /// is closed at the body's end.
+    pub fn new(
+        mut conn: ClientConn,
+        head: &ResponseHead,
+        idle: Option<Arc<Idle<ClientConn>>>,
+        upload: Option<Box<dyn Uploading>>,
+    ) -> Self {
         let buf = std::mem::take(&mut conn.buf);
         let mut body = ResponseBody {
             conn: Some(conn),
-            idle: head.keep_alive.then_some(idle),
+            upload,
+            idle: idle.filter(|_| head.keep_alive),
             buf,
             small: head.one_read,
             framing: head.framing,
@@ -70,12 +85,13 @@ impl ResponseBody {
         body
     }
 
-    /// The body has ended: its connection goes back when it may be reused
-    /// and nothing came after the body.
+    /// The body has ended: its connection goes back when it may be reused,
+    /// the request was written whole and nothing came after the body.
     fn finish(&mut self) {
         let conn = self.conn.take();
         if let (Some(mut conn), Some(idle)) = (conn, self.idle.take())
             && self.buf.is_empty()
+            && self.upload.take().is_none()
         {
             if self.small {
                 conn.buf = std::mem::take(&mut self.buf);
@@ -84,6 +100,24 @@ impl ResponseBody {
         }
         self.buf = BytesMut::new();
         self.framing = Decoding::Length(0);
+        self.upload = None;
+    }
+
+    /// Writes on what is left of the request body, as the socket takes it.
+    fn poll_upload(&mut self, cx: &mut Context<'_>) {
+        let (Some(upload), Some(conn)) = (&mut self.upload, &mut self.conn) else {
+            return;
+        };
+        match upload.poll_upload(&mut conn.tcp, cx) {
+            Poll::Pending => {}
+            Poll::Ready(Ok(())) => self.upload = None,
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "the rest of the request body could not be written");
+                // The connection is in the middle of a request: not reused.
+                self.upload = None;
+                self.idle = None;
+            }
+        }
     }
 
     /// The body has ended, and its connection may not serve another.
@@ -102,6 +136,7 @@ impl ResponseBody {
         let Some(conn) = &self.conn else {
             return Poll::Ready(Ok(false));
         };
+        let conn = &conn.tcp;
         let room = usize::try_from(want)
             .unwrap_or(usize::MAX)
             .clamp(1, self.read);
@@ -110,8 +145,8 @@ impl ResponseBody {
             self.small = false;
         }
         loop {
-            ready!(conn.tcp.poll_read_ready(cx))?;
-            match conn.tcp.try_read_buf(&mut self.buf) {
+            ready!(conn.poll_read_ready(cx))?;
+            match conn.try_read_buf(&mut self.buf) {
                 Ok(0) => return Poll::Ready(Ok(false)),
                 Ok(n) => {
                     if n >= self.read {
@@ -173,6 +208,9 @@ impl http_body::Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = self.get_mut();
+        if this.upload.is_some() {
+            this.poll_upload(cx);
+        }
         let polled = match this.framing {
             Decoding::Length(0) => return Poll::Ready(None),
             Decoding::Length(left) => loop {
@@ -259,6 +297,7 @@ pub fn read_answer(bytes: &[u8], head: bool) -> Result<AppAnswer, ExchangeError>
     };
     let mut body = ResponseBody {
         conn: None,
+        upload: None,
         idle: None,
         buf,
         small: false,

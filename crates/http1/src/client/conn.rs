@@ -2,8 +2,9 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::net::TcpStream;
 
 use crate::pool::Pooled;
@@ -25,6 +26,9 @@ pub struct ClientLink {
     /// has served a response whose head and body came in one read, that
     /// read's memory, used again when nothing holds it any more.
     pub(crate) buf: BytesMut,
+    /// How long it may wait idle after its last response, as the app
+    /// announced it (`None`: as long as qproxy keeps any).
+    pub(crate) keep: Option<Duration>,
 }
 
 impl std::ops::Deref for ClientConn {
@@ -48,6 +52,7 @@ impl ClientConn {
             tcp,
             local,
             buf: BytesMut::new(),
+            keep: None,
         }))
     }
 
@@ -55,9 +60,20 @@ impl ClientConn {
     pub fn local(&self) -> SocketAddr {
         self.local
     }
+
+    /// The socket, and what the app sent after the head just read: an
+    /// upgraded connection (or a `CONNECT`'s), for its tunnel.
+    pub fn into_io(self) -> (TcpStream, Bytes) {
+        let ClientLink { tcp, buf, .. } = *self.0;
+        (tcp, buf.freeze())
+    }
 }
 
 impl Pooled for ClientConn {
+    fn keep(&self) -> Option<Duration> {
+        self.0.keep
+    }
+
     /// An idle connection the app has closed (or written to unasked) reads
     /// something; an open one would block. Costs no system call unless the
     /// socket turned readable since it was last read dry.

@@ -1,11 +1,12 @@
-//! The client role: qproxy's own HTTP/1.1 client to the user container,
-//! for the requests that make most traffic: those that ask for no upgrade
-//! and have no body, or one read whole already.
+//! The client role: qproxy's HTTP/1.1 client to the user container, for
+//! every HTTP/1 request: without a body, with one read whole already, with
+//! one streamed from the client, and upgrades and `CONNECT`.
 //!
 //! hyper's client connection runs as a task of its own and takes each
 //! request through a channel; its buffers stay with the connection while it
-//! is idle. Here the request's own task writes the request head (and body)
-//! in one write ([`encode`], [`exchange`]), reads the response head into a
+//! is idle. Here the request's own task writes the request ([`Outgoing`],
+//! [`exchange`]): a head and a whole body in one write, a streamed body as
+//! it comes ([`upload`](Upload)); it reads the response head into a
 //! buffer the size of what came, and the response body ([`ResponseBody`])
 //! reads the rest from the socket itself. An idle connection
 //! ([`ClientConn`]) keeps that buffer only when the response came in one
@@ -19,27 +20,40 @@
 //! with nothing after it. A response head that is not HTTP fails with hyper's
 //! words for it, which the proxy wraps in Go's transport's text.
 //!
-//! Requests whose body streams, upgrades and `CONNECT` go through hyper,
-//! whose connections are kept apart from these.
+//! Beyond hyper and Go: a connection is not reused past the idle time the
+//! app announced in `Keep-Alive: timeout=N` (less a margin,
+//! [`keep_for`]), nor at all after `max=0`, so that it is not written to
+//! just as the app closes it.
+//!
+//! A `101` (or a `2xx` to `CONNECT`) leaves the connection to the caller
+//! ([`ClientConn::into_io`]), for the tunnel.
 
 mod body;
 mod conn;
+mod upload;
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
+use std::task::{Poll, ready};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRAILER, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 pub use body::{AppAnswer, ResponseBody, ResponseBodyError, read_answer};
 pub use conn::{ClientConn, ClientLink};
+pub use upload::{Upload, UploadError, Uploading};
+
+use crate::BoxError;
+use crate::pool::IDLE_TIMEOUT;
+use upload::Framing;
 
 use crate::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
 use crate::wire::chunked::ChunkState;
-use crate::wire::length::{InvalidLength, add_length};
+use crate::wire::length::{InvalidLength, add_length, content_length, digits};
 use crate::wire::read::poll_read_into;
 use crate::wire::title_case::header_line;
 use crate::wire::token::{connection_has, ends_chunked};
@@ -60,21 +74,142 @@ pub enum ExchangeError {
     /// The response head is not HTTP: hyper's words for what is wrong.
     #[error("malformed HTTP response: {0}")]
     Malformed(&'static str),
+    /// The client's request body failed before the response head came.
+    #[error(transparent)]
+    Upload(UploadError),
 }
 
-/// Writes the head of `req` (an HTTP/1.1 request, its target in origin
-/// form, `Host` set; its body, if any, whole, its length the
-/// `Content-Length` it came with) as hyper writes it: header names in title
-/// case, as Go's transport writes them, in the map's order.
-pub fn encode<B>(req: &Request<B>, dst: &mut Vec<u8>) {
-    dst.extend_from_slice(req.method().as_str().as_bytes());
+/// What a request sends after its head.
+#[derive(Debug)]
+pub enum Payload<B> {
+    /// Nothing.
+    None,
+    /// A body read whole already, its length the `Content-Length` the
+    /// request came with.
+    Whole(Bytes),
+    /// A body streamed from the client.
+    Stream(B),
+}
+
+/// A request for the app, written out ([`Outgoing::new`]) and sent with
+/// [`exchange`]: on a connection that turns out to be closed before any of
+/// it was written ([`Outgoing::is_unsent`]), it can be sent again as it is,
+/// on another.
+#[derive(Debug)]
+pub struct Outgoing<B> {
+    /// The head, as hyper writes it.
+    head: Bytes,
+    /// A body read whole (empty for none), let go of once written.
+    whole: Bytes,
+    /// A body streamed from the client (boxed: the common request has
+    /// none, and its future stays small).
+    stream: Option<Box<Upload<B>>>,
+    /// What frames the response.
+    method: Method,
+    /// Some of it has gone out on a connection.
+    written: bool,
+    /// Some of an answer came back.
+    heard: bool,
+    /// It has a body, whole or streamed.
+    has_body: bool,
+}
+
+impl<B> Outgoing<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    /// The request `parts` (HTTP/1.1, its target in origin form, or in
+    /// authority form for `CONNECT`, `Host` set) with `payload`, its head
+    /// written as hyper writes it: header names in title case, as Go's
+    /// transport writes them, in the map's order. A streamed body keeps
+    /// the request's `Content-Length`, or goes in chunks
+    /// (`Transfer-Encoding: chunked` last in the head), as Go's transport
+    /// sends a body whose length it does not know.
+    pub fn new(parts: &http::request::Parts, payload: Payload<B>) -> Self {
+        let mut head = Vec::with_capacity(256);
+        encode(parts, &mut head);
+        let whole = match payload {
+            Payload::None => Bytes::new(),
+            Payload::Whole(body) => body,
+            Payload::Stream(body) => {
+                let framing = match content_length(&parts.headers) {
+                    Ok(Some(n)) => Framing::Length(n),
+                    _ => {
+                        head.truncate(head.len() - 2);
+                        head.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                        Framing::Chunked(announced_trailers(&parts.headers))
+                    }
+                };
+                let upload = Upload::new(Bytes::from(head), body, framing);
+                return Outgoing {
+                    head: Bytes::new(),
+                    whole: Bytes::new(),
+                    stream: Some(Box::new(upload)),
+                    method: parts.method.clone(),
+                    written: false,
+                    heard: false,
+                    has_body: true,
+                };
+            }
+        };
+        Outgoing {
+            head: Bytes::from(head),
+            stream: None,
+            method: parts.method.clone(),
+            written: false,
+            heard: false,
+            has_body: !whole.is_empty(),
+            whole,
+        }
+    }
+}
+
+impl<B> Outgoing<B> {
+    /// Nothing of it has been written: it can be sent on another
+    /// connection, whatever its method, its body untouched.
+    pub fn is_unsent(&self) -> bool {
+        !self.written
+    }
+
+    /// Whether some of an answer came back on the last connection it was
+    /// sent on.
+    pub fn was_heard(&self) -> bool {
+        self.heard
+    }
+
+    /// Makes a request without a body, written already, ready to be sent
+    /// again; `false` (and nothing changed) for one with a body, which is
+    /// never sent twice, as Go's transport never sends a client's body
+    /// twice.
+    pub fn rearm(&mut self) -> bool {
+        if self.has_body {
+            return false;
+        }
+        self.written = false;
+        self.heard = false;
+        true
+    }
+}
+
+/// Writes the head of the request `parts`: header names in title case, in
+/// the map's order; no `Transfer-Encoding` (a body that needs one says so
+/// after).
+fn encode(parts: &http::request::Parts, dst: &mut Vec<u8>) {
+    dst.extend_from_slice(parts.method.as_str().as_bytes());
     dst.push(b' ');
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    dst.extend_from_slice(target.as_bytes());
+    if parts.method == Method::CONNECT {
+        let target = parts.uri.authority().map_or("", |a| a.as_str());
+        dst.extend_from_slice(target.as_bytes());
+    } else {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        dst.extend_from_slice(target.as_bytes());
+    }
     dst.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
+    for (name, value) in &parts.headers {
         // A request without a body has no transfer coding (hyper drops it),
-        // and one whose body is whole here came without one.
+        // one whose body is whole here came without one, and a streamed
+        // one gets its own.
         if name == TRANSFER_ENCODING {
             continue;
         }
@@ -83,10 +218,25 @@ pub fn encode<B>(req: &Request<B>, dst: &mut Vec<u8>) {
     dst.extend_from_slice(b"\r\n");
 }
 
+/// The trailer fields a request announced in `Trailer`, which hyper's
+/// client sends (and no others).
+fn announced_trailers(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut names = Vec::new();
+    for value in headers.get_all(TRAILER) {
+        let Ok(text) = value.to_str() else { continue };
+        names.extend(
+            text.split(',')
+                .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+        );
+    }
+    (!names.is_empty()).then_some(names)
+}
+
 /// A response head read from the app, and how its body is framed.
 #[derive(Debug)]
 pub struct ResponseHead {
-    /// The status the app answered with (never `1xx`: those are skipped).
+    /// The status the app answered with (never `1xx` but `101`: the others
+    /// are skipped).
     pub status: StatusCode,
     /// The version on its status line.
     pub version: Version,
@@ -94,6 +244,8 @@ pub struct ResponseHead {
     pub headers: HeaderMap,
     framing: Decoding,
     keep_alive: bool,
+    /// How long the connection may wait idle, from the app's `Keep-Alive`.
+    keep: Option<Duration>,
     /// The head came in one read, and so did what of the body came with
     /// it.
     one_read: bool,
@@ -110,54 +262,103 @@ enum Decoding {
     Eof,
 }
 
-/// Sends `head` (from [`encode`]) and `body` (whole, the length its head gives;
-/// empty for none; let go of once written) on `conn`, in one write when the
-/// socket takes them, and reads the response's head, its header map `headers`
-/// (empty; taken for the head, left otherwise); what came after the head stays
-/// in the connection's buffer, for the body. `method` frames the body.
+/// What [`exchange`] got: the response head, and the rest of a streamed
+/// request body when the app answered before reading all of it.
+#[derive(Debug)]
+pub struct Exchanged<B> {
+    /// The final response head (or `101`).
+    pub head: ResponseHead,
+    /// What is left to write of the request body, if anything.
+    pub upload: Option<Box<Upload<B>>>,
+}
+
+/// Sends `out` on `conn` (a head and a whole body in one write when the
+/// socket takes them; a streamed body as it comes, the head with its first
+/// frame) and reads the response's head, its header map `headers` (empty;
+/// taken for the head, left otherwise); what came after the head stays in
+/// the connection's buffer, for the body.
+///
+/// A streamed body is written on while the head is awaited, and after it
+/// by the response body ([`ResponseBody`]). If the app stops taking it
+/// (closes, or resets), its response is still read; the connection is
+/// then not reused.
 ///
 /// Each read lands on the stack and is copied into the buffer, which so
 /// grows only by what came.
-pub async fn exchange(
+pub async fn exchange<B>(
     conn: &mut ClientConn,
-    head: &[u8],
-    body: Bytes,
-    method: &Method,
+    out: &mut Outgoing<B>,
     headers: &mut HeaderMap,
-) -> Result<ResponseHead, ExchangeError> {
-    write_all_both(&mut conn.tcp, head, &body).await?;
-    // Written: its memory (the client's read buffer) goes now, not when
-    // the app answers.
-    drop(body);
-    let mut reads = 0;
-    loop {
-        if !conn.buf.is_empty() {
-            match parse(&mut conn.buf, method, headers)? {
-                ResponseParse::Final(mut head) => {
-                    head.one_read = reads == 1;
-                    return Ok(head);
-                }
-                // Informational answers are skipped, as hyper skips them.
-                ResponseParse::Informational => continue,
-                ResponseParse::Partial => {}
-            }
-        }
-        if conn.buf.len() >= MAX_RESPONSE_HEADER_BYTES {
-            return Err(ExchangeError::Malformed("message head is too large"));
-        }
-        let link = &mut *conn.0;
-        if poll_fn(|cx| poll_read_into(&mut link.tcp, &mut link.buf, cx)).await? == 0 {
-            return Err(ExchangeError::Closed);
-        }
-        reads += 1;
+) -> Result<Exchanged<B>, ExchangeError>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    if out.stream.is_none() {
+        write_all_both(&mut conn.tcp, &out.head, &out.whole, &mut out.written).await?;
+        // Written: its memory (the client's read buffer) goes now, not
+        // when the app answers.
+        out.whole = Bytes::new();
     }
+    let mut reads = 0;
+    let mut uploading = out.stream.is_some();
+    let mut upload_broke = false;
+    let link = &mut *conn.0;
+    let mut head = poll_fn(|cx| {
+        loop {
+            if uploading && let Some(upload) = out.stream.as_mut() {
+                match upload.poll_write(&mut link.tcp, &mut out.written, cx) {
+                    Poll::Ready(Ok(())) => uploading = false,
+                    Poll::Ready(Err(UploadError::Io(e))) => {
+                        if !out.written {
+                            return Poll::Ready(Err(ExchangeError::Io(e)));
+                        }
+                        // The app stopped reading: its answer may still
+                        // come.
+                        uploading = false;
+                        upload_broke = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::Upload(e))),
+                    Poll::Pending => {}
+                }
+            }
+            if !link.buf.is_empty() {
+                match parse(&mut link.buf, &out.method, headers)? {
+                    ResponseParse::Final(mut head) => {
+                        head.one_read = reads == 1;
+                        return Poll::Ready(Ok(head));
+                    }
+                    // Informational answers are skipped, as hyper skips them.
+                    ResponseParse::Informational => continue,
+                    ResponseParse::Partial => {}
+                }
+            }
+            if link.buf.len() >= MAX_RESPONSE_HEADER_BYTES {
+                return Poll::Ready(Err(ExchangeError::Malformed("message head is too large")));
+            }
+            if ready!(poll_read_into(&mut link.tcp, &mut link.buf, cx))? == 0 {
+                return Poll::Ready(Err(ExchangeError::Closed));
+            }
+            out.heard = true;
+            reads += 1;
+        }
+    })
+    .await?;
+    let upload = if uploading { out.stream.take() } else { None };
+    if upload_broke {
+        head.keep_alive = false;
+    }
+    link.keep = head.keep;
+    Ok(Exchanged { head, upload })
 }
 
 /// Writes `first`, then `second`, with vectored writes: no copy of either.
+/// `written` is set once any byte has gone out.
 async fn write_all_both(
     tcp: &mut TcpStream,
     mut first: &[u8],
     mut second: &[u8],
+    written: &mut bool,
 ) -> io::Result<()> {
     while !first.is_empty() || !second.is_empty() {
         let bufs = [IoSlice::new(first), IoSlice::new(second)];
@@ -165,6 +366,7 @@ async fn write_all_both(
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
+        *written = true;
         let from_first = n.min(first.len());
         first = &first[from_first..];
         second = &second[n - from_first..];
@@ -238,6 +440,9 @@ fn parse(
     let mut headers = std::mem::take(spare);
     headers.reserve(count);
     let mut close = false;
+    // What the app announced in `Keep-Alive`.
+    let mut keep = None;
+    let mut never = false;
     // What frames the body, noted on the way rather than looked up after.
     let mut coded: Option<bool> = None;
     let mut length = Ok(None);
@@ -260,6 +465,11 @@ fn parse(
                     length = add_length(known, &value).map(|()| *known);
                 }
             }
+            _ if name.as_str() == "keep-alive" => match keep_alive_limit(&value) {
+                Some(KeepAlive::For(d)) => keep = Some(keep.map_or(d, |k: Duration| k.min(d))),
+                Some(KeepAlive::Never) => never = true,
+                None => {}
+            },
             _ => {}
         }
         headers.append(name, value);
@@ -271,9 +481,60 @@ fn parse(
         headers,
         framing,
         // An upgraded connection is the upgrade's; this one is not reused.
-        keep_alive: keep_alive && status != StatusCode::SWITCHING_PROTOCOLS,
+        keep_alive: keep_alive && !never && status != StatusCode::SWITCHING_PROTOCOLS,
+        keep,
         one_read: false,
     }))
+}
+
+/// What a `Keep-Alive` field says of the connection's reuse.
+#[derive(Debug, PartialEq, Eq)]
+enum KeepAlive {
+    /// It may wait idle this long.
+    For(Duration),
+    /// It is not to be reused (`timeout=0` or `max=0`).
+    Never,
+}
+
+/// Reads a `Keep-Alive` field (`timeout=5, max=100`, RFC 2068 §19.7.1.1):
+/// its `timeout` in seconds, made [`keep_for`]; `max=0` (no more requests)
+/// or `timeout=0` forbid reuse. Parameters it does not know, and values
+/// that are not whole seconds, say nothing.
+fn keep_alive_limit(value: &HeaderValue) -> Option<KeepAlive> {
+    let mut said = None;
+    for param in value.as_bytes().split(|&b| b == b',') {
+        let param = param.trim_ascii();
+        let Some(eq) = param.iter().position(|&b| b == b'=') else {
+            continue;
+        };
+        let (name, value) = (param[..eq].trim_ascii(), param[eq + 1..].trim_ascii());
+        let value = value
+            .strip_prefix(b"\"")
+            .and_then(|v| v.strip_suffix(b"\""))
+            .unwrap_or(value);
+        let Some(n) = digits(value) else { continue };
+        if name.eq_ignore_ascii_case(b"timeout") {
+            if n == 0 {
+                return Some(KeepAlive::Never);
+            }
+            said = Some(KeepAlive::For(keep_for(Duration::from_secs(
+                n.min(u64::from(u32::MAX)),
+            ))));
+        } else if name.eq_ignore_ascii_case(b"max") && n == 0 {
+            return Some(KeepAlive::Never);
+        }
+    }
+    said
+}
+
+/// How long a connection whose app announced `timeout` may wait idle: a
+/// quarter less, and at most a second less, so that a request never
+/// crosses the app's close (its clock starts when it wrote the response,
+/// a moment before qproxy read it); never longer than qproxy keeps any
+/// ([`IDLE_TIMEOUT`]).
+pub fn keep_for(timeout: Duration) -> Duration {
+    let margin = (timeout / 4).min(Duration::from_secs(1));
+    (timeout - margin).min(IDLE_TIMEOUT)
 }
 
 /// Runs `httparse` over `buf`, noting each header line's ranges in
@@ -351,8 +612,8 @@ fn framing(
 mod tests {
     use super::*;
 
-    fn request(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<()> {
-        let mut req = Request::new(());
+    fn request(method: Method, path: &str, headers: &[(&str, &str)]) -> http::Request<()> {
+        let mut req = http::Request::new(());
         *req.method_mut() = method;
         *req.uri_mut() = path.parse().unwrap();
         for (k, v) in headers {
@@ -378,12 +639,82 @@ mod tests {
             ],
         );
         let mut head = Vec::new();
-        encode(&req, &mut head);
+        encode(&req.into_parts().0, &mut head);
         assert_eq!(
             String::from_utf8(head).unwrap(),
             "GET /a?b=c HTTP/1.1\r\nHost: example.com\r\nX-Forwarded-For: 1.2.3.4\r\n\
              X-Forwarded-For: 5.6.7.8\r\nAccept: */*\r\n\r\n"
         );
+    }
+
+    /// The head of `req` with `payload`, as it goes out (held with the
+    /// upload's first frame, for a streamed body).
+    fn head_of(req: http::Request<()>, payload: Payload<http_body_util::Empty<Bytes>>) -> String {
+        let out = Outgoing::new(&req.into_parts().0, payload);
+        let head = match &out.stream {
+            Some(upload) => upload.head().clone(),
+            None => out.head.clone(),
+        };
+        String::from_utf8(head.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_streamed_body_keeps_its_length_or_goes_in_chunks() {
+        let stream = || Payload::Stream(http_body_util::Empty::new());
+        let post = |headers: &[(&str, &str)]| request(Method::POST, "/", headers);
+        assert_eq!(
+            head_of(post(&[("host", "a"), ("content-length", "5")]), stream()),
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"
+        );
+        assert_eq!(
+            head_of(
+                post(&[("host", "a"), ("transfer-encoding", "chunked")]),
+                stream()
+            ),
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        let connect = request(
+            Method::CONNECT,
+            "example.com:443",
+            &[("host", "example.com:443")],
+        );
+        assert_eq!(
+            head_of(connect, Payload::None),
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn keep_alive_timeouts_are_kept_less_a_margin() {
+        let limit = |v: &'static str| keep_alive_limit(&HeaderValue::from_static(v));
+        let secs = |s: f64| Some(KeepAlive::For(Duration::from_secs_f64(s)));
+        assert_eq!(limit("timeout=5, max=1000"), secs(4.0));
+        assert_eq!(limit("timeout=1"), secs(0.75));
+        assert_eq!(limit(" Timeout = 2 "), secs(1.5));
+        assert_eq!(limit("timeout=\"60\""), secs(59.0));
+        assert_eq!(
+            limit("timeout=3600"),
+            secs(90.0),
+            "never past the pool's own"
+        );
+        assert_eq!(limit("timeout=0"), Some(KeepAlive::Never));
+        assert_eq!(limit("timeout=5, max=0"), Some(KeepAlive::Never));
+        assert_eq!(limit("max=5"), None);
+        assert_eq!(limit("timeout=1.5"), None);
+        assert_eq!(limit("timeout"), None);
+        let (head, _) = parsed(
+            b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nKeep-Alive: timeout=2\r\n\r\n",
+            &Method::HEAD,
+        )
+        .unwrap();
+        assert_eq!(head.keep, Some(Duration::from_millis(1500)), "the shortest");
+        assert!(head.keep_alive);
+        let (head, _) = parsed(
+            b"HTTP/1.1 200 OK\r\nkeep-alive: max=0\r\n\r\n",
+            &Method::HEAD,
+        )
+        .unwrap();
+        assert!(!head.keep_alive);
     }
 
     fn parsed(bytes: &[u8], method: &Method) -> Result<(ResponseHead, BytesMut), String> {

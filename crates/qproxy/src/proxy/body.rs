@@ -6,15 +6,11 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
 
 use super::h2c::H2cBody;
 use super::timing::Timing;
 use crate::common::body::ReplyBody;
 use qproxy_http1::client::{ResponseBody, ResponseBodyError};
-use qproxy_http1::pool::Checkin;
-
-use super::hyper_conn::HyperConn;
 
 /// A response body: streamed from the user container, or made by qproxy.
 ///
@@ -22,13 +18,8 @@ use super::hyper_conn::HyperConn;
 /// it, then trailers), never collected.
 #[derive(Debug)]
 pub(crate) enum ProxyBody {
-    /// Streamed from the user container by hyper's HTTP/1.1 client; the
-    /// connection it came on, if it may be reused, is handed back once the
-    /// body has been read to its end (closed if the body is dropped
-    /// before).
-    Upstream(Incoming, Option<Checkin<HyperConn>>),
-    /// Streamed from the user container over a connection qproxy speaks
-    /// HTTP/1.1 on itself, which the body hands back at its end.
+    /// Streamed from the user container over HTTP/1.1, its connection
+    /// handed back at the body's end.
     App(ResponseBody),
     /// Streamed from the user container over h2c, by qproxy's own client.
     H2c(H2cBody),
@@ -39,26 +30,10 @@ pub(crate) enum ProxyBody {
     Timed(Box<TimedBody>),
 }
 
-impl ProxyBody {
-    /// This body, its app connection handed back at once if the body is
-    /// empty from the start: hyper never polls a body that has ended.
-    pub(crate) fn released_if_ended(mut self) -> Self {
-        if let ProxyBody::Upstream(body, checkin) = &mut self
-            && http_body::Body::is_end_stream(body)
-        {
-            release(checkin);
-        }
-        self
-    }
-}
-
 /// Why a response body from the user container failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ProxyBodyError {
-    /// Read by hyper.
-    #[error(transparent)]
-    Hyper(#[from] hyper::Error),
-    /// Read by qproxy's own HTTP/1.1 client.
+    /// Read by qproxy's HTTP/1.1 client.
     #[error(transparent)]
     App(#[from] ResponseBodyError),
     /// Read from an h2c stream of qproxy's own client.
@@ -75,16 +50,6 @@ impl http_body::Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ProxyBodyError>>> {
         let polled = match self.get_mut() {
-            ProxyBody::Upstream(b, checkin) => {
-                let polled = Pin::new(&mut *b).poll_frame(cx);
-                match &polled {
-                    // The end, whether the last frame said so or not.
-                    Poll::Ready(None) => release(checkin),
-                    Poll::Ready(Some(Ok(_))) if b.is_end_stream() => release(checkin),
-                    Poll::Ready(Some(_)) | Poll::Pending => {}
-                }
-                polled.map_err(ProxyBodyError::from)
-            }
             ProxyBody::App(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
             ProxyBody::H2c(b) => Pin::new(b).poll_frame(cx).map_err(ProxyBodyError::from),
             ProxyBody::Reply(b) => {
@@ -103,7 +68,6 @@ impl http_body::Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ProxyBody::Upstream(b, _) => b.is_end_stream(),
             ProxyBody::App(b) => b.is_end_stream(),
             ProxyBody::H2c(b) => b.is_end_stream(),
             ProxyBody::Reply(b) => b.is_end_stream(),
@@ -113,19 +77,11 @@ impl http_body::Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ProxyBody::Upstream(b, _) => b.size_hint(),
             ProxyBody::App(b) => b.size_hint(),
             ProxyBody::H2c(b) => b.size_hint(),
             ProxyBody::Reply(b) => b.size_hint(),
             ProxyBody::Timed(b) => b.body.size_hint(),
         }
-    }
-}
-
-/// Hands an app connection back for reuse, once.
-fn release(checkin: &mut Option<Checkin<HyperConn>>) {
-    if let Some(checkin) = checkin.take() {
-        checkin.release();
     }
 }
 

@@ -63,68 +63,16 @@ pub(crate) enum UpstreamError {
 }
 
 impl UpstreamError {
-    /// Whether the app dropped the connection before answering (closed or
-    /// reset it), so that a replayable request may be sent again.
+    /// Whether the app's connection closed or failed under the request
+    /// before it answered, so that a replayable request may be sent again
+    /// (Go's `errServerClosedIdle` and `transportReadFromServerError`).
     pub(crate) fn is_dropped_connection(&self) -> bool {
-        match self {
-            UpstreamError::Closed => true,
-            UpstreamError::Io { source, .. } => matches!(
-                source.kind(),
-                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
-            ),
-            _ => false,
-        }
+        matches!(self, UpstreamError::Closed | UpstreamError::Io { .. })
     }
 
     /// Whether the failure is the client's doing, not worth an error log.
     pub(crate) fn is_client_gone(&self) -> bool {
         matches!(self, UpstreamError::ClientGone)
-    }
-
-    /// Classifies an error of an HTTP/1 or HTTP/2 connection.
-    pub(crate) fn from_hyper(
-        err: &hyper::Error,
-        local: Option<SocketAddr>,
-        remote: SocketAddr,
-    ) -> Self {
-        if err.is_user() {
-            return UpstreamError::ClientGone;
-        }
-        if let Some(io) = find::<io::Error>(err) {
-            return UpstreamError::Io {
-                local,
-                remote,
-                source: copy_io(io),
-            };
-        }
-        if err.is_incomplete_message() || err.is_canceled() || err.is_closed() {
-            return UpstreamError::Closed;
-        }
-        if err.is_parse() {
-            return UpstreamError::Protocol(format!("malformed HTTP response: {err}"));
-        }
-        UpstreamError::Other(err.to_string())
-    }
-}
-
-fn find<'a, T: std::error::Error + 'static>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(t) = e.downcast_ref::<T>() {
-            return Some(t);
-        }
-        cur = e.source();
-    }
-    None
-}
-
-/// A copy of an I/O error that keeps its OS error number.
-fn copy_io(err: &io::Error) -> io::Error {
-    match err.raw_os_error() {
-        Some(code) => io::Error::from_raw_os_error(code),
-        None => io::Error::new(err.kind(), err.to_string()),
     }
 }
 

@@ -15,7 +15,6 @@ pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod h2c;
 pub(crate) mod hop;
-pub(crate) mod hyper_conn;
 pub(crate) mod timing;
 pub(crate) mod tunnel_copy;
 pub(crate) mod upstream;
@@ -31,6 +30,7 @@ use bytes::{BufMut, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Method, Request, Response, StatusCode, Version};
+use hyper::upgrade::OnUpgrade;
 use tokio::sync::mpsc;
 use tower::Service;
 
@@ -45,7 +45,8 @@ use crate::config::{LiveOptions, Opt};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::timing::Timing;
 pub(crate) use error::UpstreamError;
-pub(crate) use upstream::{Upstream, WholeRequest};
+use upstream::AppIo;
+pub(crate) use upstream::{Answer, Http1Request, Upstream};
 
 /// The reverse proxy for one client connection.
 #[derive(Debug, Clone)]
@@ -121,43 +122,101 @@ impl Proxy {
         let first = (self.startup.awaits_first_request() && !req.body().facts.is_probe())
             .then(|| self.startup.clone());
         let hop = self.prepare(&mut req);
-        let h2 = req.version() == Version::HTTP_2;
-        if req.method() == Method::CONNECT {
+        if req.version() == Version::HTTP_2 {
             let this = self.clone();
             return Box::pin(async move {
-                let res = if h2 {
+                let res = if req.method() == Method::CONNECT {
                     this.connect_h2(req).await
                 } else {
-                    this.connect(req).await
+                    this.forward_h2(req).await
                 };
                 Ok(answer(res, first))
             });
         }
-        let whole = matches!(req.body().content, Content::Empty | Content::Full(_));
-        if h2 || hop.upgrade.is_some() || !whole {
+        if req.method() == Method::CONNECT {
             let this = self.clone();
-            return Box::pin(async move { Ok(answer(this.forward(req, hop).await, first)) });
+            return Box::pin(async move { Ok(answer(this.connect(req).await, first)) });
         }
-        // The common request, for qproxy's own client: prepared here, so
-        // that its future holds only what it waits with.
-        let sent = self
-            .http1_request(req)
-            .map(|req| (self.upstream.clone(), WholeRequest::new(req)));
+        // Every other request, written out here, so that its future holds
+        // only what it waits with.
+        let sent = Upgrade::asked(&mut req, hop).and_then(|upgrade| {
+            let req = self.http1_request(req)?;
+            Ok((self.upstream.clone(), Http1Request::new(req), upgrade))
+        });
         Box::pin(async move {
             let res = match sent {
-                Ok((upstream, req)) => upstream.send_whole(req).await,
+                Ok((upstream, req, upgrade)) => match upstream.send(req).await {
+                    Ok(Answer::Response(res)) => Ok(finish(res)),
+                    Ok(Answer::Switched(switched)) => Upgrade::switched(upgrade, *switched),
+                    Err(err) => Err(err),
+                },
                 Err(err) => Err(err),
             };
-            let res = res.and_then(|res| {
-                if res.status() == StatusCode::SWITCHING_PROTOCOLS {
-                    // Nothing was asked for.
-                    let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
-                    return Err(mismatch(None, offered));
-                }
-                Ok(finish(res))
-            });
             Ok(answer(res, first))
         })
+    }
+}
+
+/// An upgrade a client asked for (boxed: rare, and every request's future
+/// carries room for it).
+struct Upgrade {
+    /// The protocol asked for.
+    protocol: HeaderValue,
+    /// The client's side of the tunnel, once the `101` is sent.
+    client: OnUpgrade,
+    deadline: Option<TunnelDeadline>,
+}
+
+impl Upgrade {
+    /// The upgrade `req` asks for (`hop`, read as its hop-by-hop headers
+    /// were removed), if any; a protocol that is not printable ASCII is
+    /// refused, as Go refuses it.
+    fn asked(
+        req: &mut Request<RequestBody>,
+        hop: hop::Hop,
+    ) -> Result<Option<Box<Upgrade>>, UpstreamError> {
+        let Some(protocol) = hop.upgrade else {
+            return Ok(None);
+        };
+        if !is_printable(protocol.as_bytes()) {
+            return Err(UpstreamError::InvalidClientUpgrade(
+                protocol.as_bytes().to_vec(),
+            ));
+        }
+        Ok(Some(Box::new(Upgrade {
+            protocol,
+            client: hyper::upgrade::on(&mut *req),
+            deadline: req.extensions().get::<TunnelDeadline>().copied(),
+        })))
+    }
+
+    /// The app switched protocols: a tunnel between the client and `app`,
+    /// if the app switched to the protocol the client asked for; `502`
+    /// otherwise, as Go's reverse proxy answers. The `101` goes to the
+    /// client with its `Connection` and `Upgrade`.
+    fn switched(
+        asked: Option<Box<Upgrade>>,
+        (res, app): (Response<()>, AppIo),
+    ) -> Result<Response<ProxyBody>, UpstreamError> {
+        let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
+        let asked = match (asked, offered) {
+            (Some(asked), Some(offered))
+                if asked.protocol.as_bytes().eq_ignore_ascii_case(offered) =>
+            {
+                asked
+            }
+            (asked, offered) => {
+                let requested = asked.as_ref().map(|a| a.protocol.as_bytes());
+                return Err(mismatch(requested, offered));
+            }
+        };
+        let Upgrade {
+            client, deadline, ..
+        } = *asked;
+        let mut res = res.map(|()| ProxyBody::from(ReplyBody::empty()));
+        res.extensions_mut()
+            .insert(tunnel_copy::spawn(client, app, deadline));
+        Ok(res)
     }
 }
 
@@ -177,58 +236,19 @@ impl Proxy {
         hop
     }
 
-    /// A request whose body is streamed, that asks for an upgrade or is
-    /// HTTP/2, its headers [prepared](Self::prepare).
-    async fn forward(
+    /// An HTTP/2 request, over h2c.
+    async fn forward_h2(
         &self,
-        mut req: Request<RequestBody>,
-        hop: hop::Hop,
+        req: Request<RequestBody>,
     ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let h2 = req.version() == Version::HTTP_2;
-        let deadline = req.extensions().get::<TunnelDeadline>().copied();
-        let client_upgrade = match &hop.upgrade {
-            Some(protocol) if !is_printable(protocol.as_bytes()) => {
-                return Err(UpstreamError::InvalidClientUpgrade(
-                    protocol.as_bytes().to_vec(),
-                ));
-            }
-            Some(_) if !h2 => Some(hyper::upgrade::on(&mut req)),
-            _ => None,
-        };
-
-        let mut res = if h2 {
-            let req = self.h2_request(req)?;
-            self.upstream.send_h2c(req).await?
-        } else {
-            let req = self.http1_request(req)?;
-            let (res, checkin) = self.upstream.send_http1(req).await?;
-            // Not handed back before a `101` is looked at: an upgraded
-            // connection is the tunnel's.
-            res.map(|body| ProxyBody::Upstream(body, Some(checkin)))
-        };
-
-        if res.status() == StatusCode::SWITCHING_PROTOCOLS {
-            let requested = hop.upgrade.as_ref().map(HeaderValue::as_bytes);
-            let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
-            let (Some(client), Some(requested), Some(offered)) =
-                (client_upgrade, requested, offered)
-            else {
-                return Err(mismatch(requested, offered));
-            };
-            if !requested.eq_ignore_ascii_case(offered) {
-                return Err(mismatch(Some(requested), Some(offered)));
-            }
-            let tunnel = tunnel_copy::spawn(client, hyper::upgrade::on(&mut res), deadline);
-            res.extensions_mut().insert(tunnel);
-            return Ok(res.map(|_| ProxyBody::from(ReplyBody::empty())));
-        }
-        Ok(finish(res))
+        let req = self.h2_request(req)?;
+        Ok(finish(self.upstream.send_h2c(req).await?))
     }
 
     /// A `CONNECT`, as Go's reverse proxy passes it: to the app with the
-    /// client's target; a `2xx` answer makes the two connections one tunnel
-    /// (the app's bytes after its head included), anything else is an
-    /// ordinary response.
+    /// client's target, on a connection of its own; a `2xx` answer makes
+    /// the two connections one tunnel (the app's bytes after its head
+    /// included), anything else is an ordinary response.
     async fn connect(
         &self,
         mut req: Request<RequestBody>,
@@ -242,18 +262,20 @@ impl Proxy {
             parts.headers.insert(HOST, host);
         }
         parts.version = Version::HTTP_11;
-        let req = Request::from_parts(parts, body);
-        let mut res = self.upstream.send_connect(req).await?;
-        pass_on(&mut res);
-        if res.status().is_success() {
-            // What follows the head is the tunnel's: no body framing.
-            res.headers_mut().remove(CONTENT_LENGTH);
-            res.headers_mut().remove(TRANSFER_ENCODING);
-            let tunnel = tunnel_copy::spawn(client, hyper::upgrade::on(&mut res), deadline);
-            res.extensions_mut().insert(tunnel);
-            return Ok(res.map(|_| ProxyBody::from(ReplyBody::empty())));
+        let req = Http1Request::new(Request::from_parts(parts, body));
+        match self.upstream.send_connect(req).await? {
+            Answer::Switched(switched) => {
+                let (mut res, app) = *switched;
+                pass_on(&mut res);
+                // What follows the head is the tunnel's: no body framing.
+                res.headers_mut().remove(CONTENT_LENGTH);
+                res.headers_mut().remove(TRANSFER_ENCODING);
+                let tunnel = tunnel_copy::spawn(client, app, deadline);
+                res.extensions_mut().insert(tunnel);
+                Ok(res.map(|()| ProxyBody::from(ReplyBody::empty())))
+            }
+            Answer::Response(res) => Ok(finish(res)),
         }
-        Ok(res.map(|body| ProxyBody::Upstream(body, None)))
     }
 
     /// A `CONNECT` over HTTP/2, as Go's reverse proxy passes it: to the app
@@ -285,7 +307,7 @@ impl Proxy {
             res.extensions_mut().insert(tunnel);
             return Ok(res);
         }
-        Ok(res.map(ProxyBody::released_if_ended))
+        Ok(res)
     }
 
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin
@@ -402,7 +424,7 @@ fn pass_on<B>(res: &mut Response<B>) {
 /// at once when its body is already over.
 fn finish(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
     pass_on(&mut res);
-    res.map(ProxyBody::released_if_ended)
+    res
 }
 
 /// The `502` Knative answers when the app cannot be reached: Go's

@@ -29,22 +29,24 @@ use tokio::sync::mpsc;
 
 use crate::common::tunnel_registry::{Tunnel, TunnelDeadline};
 use crate::proxy::body::ProxyBody;
+use crate::proxy::upstream::AppIo;
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;
 
-/// Runs the tunnel between the client and the app in its own task, and
-/// returns the handle the response carries.
-pub(super) fn spawn(client: OnUpgrade, app: OnUpgrade, deadline: Option<TunnelDeadline>) -> Tunnel {
+/// Runs the tunnel between the client (once hyper's server has sent the
+/// `101`, or the `2xx` to `CONNECT`) and the app's connection in its own
+/// task, and returns the handle the response carries.
+pub(super) fn spawn(client: OnUpgrade, mut app: AppIo, deadline: Option<TunnelDeadline>) -> Tunnel {
     run(deadline, async move {
-        let (client, app) = match tokio::try_join!(client, app) {
-            Ok(pair) => pair,
+        let client = match client.await {
+            Ok(client) => client,
             Err(e) => {
                 tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
                 return;
             }
         };
-        let (mut client, mut app) = (TokioIo::new(client), TokioIo::new(app));
+        let mut client = TokioIo::new(client);
         match tokio::io::copy_bidirectional(&mut client, &mut app).await {
             Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
             Err(e) => tracing::debug!(error = %e, "upgraded connection failed"),

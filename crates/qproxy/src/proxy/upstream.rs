@@ -1,25 +1,35 @@
 //! Connections to the user container at `127.0.0.1:USER_PORT`.
 //!
-//! HTTP/1 requests go out as HTTP/1.1 over keep-alive connections that
-//! qproxy keeps itself ([`qproxy_http1::pool`]): a request takes the
-//! connection used last, or dials one; its response body hands the
+//! HTTP/1 requests go out as HTTP/1.1, spoken by qproxy's own client
+//! ([`qproxy_http1::client`]), over keep-alive connections kept in one pool
+//! ([`qproxy_http1::pool`]) whichever request they served: a request takes
+//! the connection used last, or dials one; its response body hands the
 //! connection back when the app's response has been read to its end, so
-//! that the next request, from any client connection, reuses it. Requests
-//! without a body, or with one read whole already, are spoken by qproxy's
-//! own client ([`qproxy_http1::client`]); those with a body still streaming
-//! by hyper's; each kind keeps its own idle connections. At most
-//! `CONTAINER_CONCURRENCY` idle connections of each kind are kept (1000
-//! when unlimited), each for at most 90 s, as Knative's transport does. A
-//! request that an idle connection turns out to be closed for is sent on
-//! another before anything of it is written. A request without a body
-//! whose method is idempotent (or that carries an idempotency key) is sent
-//! once more on a new connection when the app drops a reused one under it
-//! before answering, as Go's transport retries it; one that went out on a
-//! connection dialled for it is not (the app has seen it on a connection
-//! that was fresh, and Go does not retry then either). HTTP/2 requests go
-//! out as h2c (prior knowledge) over one shared, multiplexed connection,
-//! made on first use and remade when it closes, spoken by qproxy's own
-//! client ([`super::h2c`]).
+//! that the next request, from any client connection, reuses it. At most
+//! `CONTAINER_CONCURRENCY` idle connections are kept (1000 when
+//! unlimited), each for at most 90 s, as Knative's transport does, and
+//! none past the idle time the app announced (`Keep-Alive: timeout=N`,
+//! less a margin), which Go's transport does not heed.
+//!
+//! Sending again, by the rules of Go's transport and one more:
+//! - a request none of whose bytes were written (the reused connection
+//!   found closed, by the pool or by the first write) goes on another
+//!   connection, whatever its method and body: its body has not been read
+//!   from the client beyond what is held for it;
+//! - a request without a body whose method is idempotent (or that carries
+//!   an idempotency key) is sent once more, on a new connection, when the
+//!   app drops a reused one under it before the first byte of an answer;
+//! - nothing else: a request that went out on a connection dialled for
+//!   it, or whose body was written, is not sent twice (the app may have
+//!   acted on it).
+//!
+//! An upgrade the app accepts (`101`), and a `CONNECT` it accepts (`2xx`,
+//! on a connection of its own), leaves the connection to the tunnel
+//! ([`Answer::Switched`]).
+//!
+//! HTTP/2 requests go out as h2c (prior knowledge) over one shared,
+//! multiplexed connection, made on first use and remade when it closes,
+//! spoken by qproxy's own client ([`super::h2c`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,37 +38,46 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{HeaderMap, Method, Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
 use super::h2c;
 use crate::common::body::{Content, RequestBody};
-use qproxy_http1::client::{self as own, ClientConn, ExchangeError, ResponseBody};
-use qproxy_http1::pool::{Checkin, Idle};
-
-use super::hyper_conn::HyperConn;
 use crate::proxy::body::ProxyBody;
-use qproxy_http1::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use qproxy_http1::client::{
+    ClientConn, ExchangeError, Exchanged, Outgoing, Payload, ResponseBody, ResponseHead,
+    UploadError, Uploading, exchange,
+};
+use qproxy_http1::pool::Idle;
+use qproxy_http1::server::Rewind;
 
 /// TCP keep-alive on upstream connections (Knative's dialer).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// An upgraded connection to the app: its socket, and what the app sent
+/// after its `101` (or `2xx`) head, read first.
+pub(crate) type AppIo = Rewind<TcpStream>;
 
 /// The user container, reachable over HTTP/1.1 and h2c.
 #[derive(Debug)]
 pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
-    /// Idle connections spoken by hyper: requests whose body streams.
-    idle: Arc<Idle<HyperConn>>,
-    /// Idle connections spoken by qproxy: requests without a body, or with
-    /// one whole.
-    idle_own: Arc<Idle<ClientConn>>,
+    /// Idle HTTP/1.1 connections, for any request.
+    idle: Arc<Idle<ClientConn>>,
     h2c: H2c,
+}
+
+/// What the app answered an HTTP/1.1 request with.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// A response, its body streamed from the app.
+    Response(Response<ProxyBody>),
+    /// `101 Switching Protocols` (or a `2xx` to `CONNECT`): the head, and
+    /// the connection, now the tunnel's (boxed: rare).
+    Switched(Box<(Response<()>, AppIo)>),
 }
 
 impl Upstream {
@@ -66,16 +85,13 @@ impl Upstream {
     /// `max_idle` idle HTTP/1 connections.
     pub(crate) fn new(port: u16, max_idle: usize) -> Self {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let idle = Idle::new(max_idle);
-        let idle_own = Idle::new(max_idle);
         // `127.0.0.1:<u16>` is always a valid authority.
         let authority = Authority::try_from(addr.to_string())
             .unwrap_or_else(|_| Authority::from_static("127.0.0.1"));
         Self {
             addr,
             authority,
-            idle,
-            idle_own,
+            idle: Idle::new(max_idle),
             h2c: H2c {
                 addr,
                 conn: Mutex::new(None),
@@ -89,113 +105,84 @@ impl Upstream {
         &self.authority
     }
 
-    /// Sends an HTTP/1.1 request (its URI in origin form, its `Host` set);
-    /// the [`Checkin`] hands the connection back once the response body
-    /// has been read.
-    pub(crate) async fn send_http1(
-        &self,
-        mut req: Request<RequestBody>,
-    ) -> Result<(Response<Incoming>, Checkin<HyperConn>), UpstreamError> {
-        while let Some(mut conn) = self.idle.take() {
-            if conn.sender.ready().await.is_err() {
+    /// Sends an HTTP/1.1 request over a pooled connection (or a new one),
+    /// sending it again by the rules above.
+    pub(crate) async fn send(&self, req: Http1Request) -> Result<Answer, UpstreamError> {
+        let Http1Request {
+            mut out,
+            mut headers,
+            replayable,
+        } = req;
+        // Once sent again after the app dropped it: on a new connection.
+        let mut fresh = false;
+        loop {
+            let (conn, reused) = match (!fresh).then(|| self.idle.take()).flatten() {
+                Some(conn) => (conn, true),
+                None => (self.dial().await?, false),
+            };
+            let err = match self.exchange_on(conn, &mut out, &mut headers, false).await {
+                Ok(answer) => return Ok(answer),
+                Err(err) => err,
+            };
+            if !reused {
+                return Err(err);
+            }
+            if out.is_unsent() {
+                tracing::debug!(error = %err, "an idle connection to the app was closed before the request was written; sending on another");
                 continue;
             }
-            let again = replayable(&req).then(|| copy_bodyless(&req));
-            match conn.sender.try_send_request(req).await {
-                Ok(res) => return Ok((res, self.checkin(conn))),
-                Err(mut e) => {
-                    if let Some(unsent) = e.take_message() {
-                        // Nothing of it was written: another connection.
-                        req = unsent;
-                        continue;
-                    }
-                    let err = UpstreamError::from_hyper(e.error(), Some(conn.local), self.addr);
-                    match again {
-                        Some(copy) if err.is_dropped_connection() => {
-                            tracing::debug!(error = %err, "the app dropped the connection; sending again");
-                            req = copy;
-                            break;
-                        }
-                        _ => return Err(err),
-                    }
-                }
-            }
-        }
-        let mut conn = self.dial_http1().await?;
-        match conn.sender.send_request(req).await {
-            Ok(res) => Ok((res, self.checkin(conn))),
-            Err(e) => Err(UpstreamError::from_hyper(&e, Some(conn.local), self.addr)),
-        }
-    }
-
-    /// Sends a request asking for no upgrade, whose body (if any) is whole,
-    /// with qproxy's own client; the response body hands the connection back
-    /// once read. The rules for idle connections and for sending again are
-    /// those of [`Upstream::send_http1`].
-    pub(crate) async fn send_whole(
-        &self,
-        req: WholeRequest,
-    ) -> Result<http::Response<ProxyBody>, UpstreamError> {
-        let WholeRequest {
-            head,
-            mut body,
-            method,
-            mut headers,
-            again,
-        } = req;
-        // `take` passes over the idle connections the app has closed.
-        if let Some(conn) = self.idle_own.take() {
-            // Only a request without a body is sent again: the body goes
-            // with the first try.
-            match self
-                .exchange_on(
-                    conn,
-                    &head,
-                    std::mem::take(&mut body),
-                    &method,
-                    &mut headers,
-                )
-                .await
+            if replayable
+                && !fresh
+                && !out.was_heard()
+                && err.is_dropped_connection()
+                && out.rearm()
             {
-                Err(err) if again && err.is_dropped_connection() => {
-                    tracing::debug!(error = %err, "the app dropped the connection; sending again");
-                    headers.clear();
-                }
-                answered => return answered,
+                tracing::debug!(error = %err, "the app dropped the connection; sending again");
+                headers.clear();
+                fresh = true;
+                continue;
             }
+            return Err(err);
         }
-        let (tcp, local) = self.dial_keepalive().await?;
-        self.exchange_on(
-            ClientConn::new(tcp, local),
-            &head,
-            body,
-            &method,
-            &mut headers,
-        )
-        .await
     }
 
-    /// Sends `head` and `body` on `conn` and answers with the app's response
-    /// (its header map `headers`), whose body reads the rest and hands the
-    /// connection back.
+    /// Sends a `CONNECT` on a connection of its own, its authority-form
+    /// target as the client wrote it. A `2xx` answer leaves that
+    /// connection to the tunnel; no other answer's connection is reused.
+    pub(crate) async fn send_connect(&self, req: Http1Request) -> Result<Answer, UpstreamError> {
+        let Http1Request {
+            mut out,
+            mut headers,
+            ..
+        } = req;
+        let conn = self.dial().await?;
+        self.exchange_on(conn, &mut out, &mut headers, true).await
+    }
+
+    /// Sends `out` on `conn` and answers with the app's response (its
+    /// header map `headers`), whose body reads the rest and hands the
+    /// connection back (not for `CONNECT`), or with the switched
+    /// connection.
     async fn exchange_on(
         &self,
         mut conn: ClientConn,
-        head: &[u8],
-        body: Bytes,
-        method: &Method,
+        out: &mut Outgoing<RequestBody>,
         headers: &mut HeaderMap,
-    ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let parsed = match own::exchange(&mut conn, head, body, method, headers).await {
-            Ok(parsed) => parsed,
+        connect: bool,
+    ) -> Result<Answer, UpstreamError> {
+        let Exchanged { head, upload } = match exchange(&mut conn, out, headers).await {
+            Ok(exchanged) => exchanged,
             Err(err) => return Err(self.exchange_error(err, &conn)),
         };
-        let body = ResponseBody::new(conn, &parsed, self.idle_own.clone());
-        let mut res = Response::new(ProxyBody::App(body));
-        *res.status_mut() = parsed.status;
-        *res.version_mut() = parsed.version;
-        *res.headers_mut() = parsed.headers;
-        Ok(res)
+        if head.status == StatusCode::SWITCHING_PROTOCOLS || connect && head.status.is_success() {
+            let (tcp, ahead) = conn.into_io();
+            let res = response(head, ());
+            return Ok(Answer::Switched(Box::new((res, Rewind::new(tcp, ahead)))));
+        }
+        let upload = upload.map(|u| u as Box<dyn Uploading>);
+        let idle = (!connect).then(|| self.idle.clone());
+        let body = ResponseBody::new(conn, &head, idle, upload);
+        Ok(Answer::Response(response(head, ProxyBody::App(body))))
     }
 
     /// What failed on `conn`, in Go's transport's words.
@@ -208,11 +195,20 @@ impl Upstream {
             },
             ExchangeError::Closed => UpstreamError::Closed,
             ExchangeError::Malformed(_) => UpstreamError::Protocol(err.to_string()),
+            // The client's body broke off: the client's doing.
+            ExchangeError::Upload(UploadError::Body(_) | UploadError::Length) => {
+                UpstreamError::ClientGone
+            }
+            ExchangeError::Upload(UploadError::Io(source)) => UpstreamError::Io {
+                local: Some(conn.local()),
+                remote: self.addr,
+                source,
+            },
         }
     }
 
     /// A new connection to the app, with Knative's TCP keep-alive.
-    async fn dial_keepalive(&self) -> Result<(TcpStream, SocketAddr), UpstreamError> {
+    async fn dial(&self) -> Result<ClientConn, UpstreamError> {
         let (tcp, local) = dial(self.addr).await?;
         let keepalive = TcpKeepalive::new().with_time(TCP_KEEPALIVE);
         SockRef::from(&tcp)
@@ -221,47 +217,7 @@ impl Upstream {
                 addr: self.addr,
                 source,
             })?;
-        Ok((tcp, local))
-    }
-
-    fn checkin(&self, conn: HyperConn) -> Checkin<HyperConn> {
-        Checkin::new(self.idle.clone(), conn)
-    }
-
-    /// A new HTTP/1.1 connection, driven by a task of its own.
-    async fn dial_http1(&self) -> Result<HyperConn, UpstreamError> {
-        let (tcp, local) = self.dial_keepalive().await?;
-        let (sender, conn) = http1_builder()
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| UpstreamError::from_hyper(&e, Some(local), self.addr))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "HTTP/1.1 connection to the user container ended");
-            }
-        });
-        Ok(HyperConn { sender, local })
-    }
-
-    /// Sends a `CONNECT` on a connection of its own, its authority-form
-    /// target as the client wrote it (the pool would put the app's address
-    /// there). A `2xx` answer leaves that connection to the tunnel.
-    pub(crate) async fn send_connect(
-        &self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        let (tcp, local) = dial(self.addr).await?;
-        let hyper_error = |e: hyper::Error| UpstreamError::from_hyper(&e, Some(local), self.addr);
-        let (mut sender, conn) = http1_builder()
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(hyper_error)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "CONNECT connection to the user container ended");
-            }
-        });
-        sender.send_request(req).await.map_err(hyper_error)
+        Ok(ClientConn::new(tcp, local))
     }
 
     /// Sends an HTTP/2 request over h2c; its URI carries the `:authority`
@@ -274,61 +230,46 @@ impl Upstream {
     }
 }
 
-/// An HTTP/1.1 request that asks for no upgrade and whose body, if any, is
-/// all here, made ready for [`Upstream::send_whole`]: its head written
+/// The response of `head`, with `body`.
+fn response<B>(head: ResponseHead, body: B) -> Response<B> {
+    let mut res = Response::new(body);
+    *res.status_mut() = head.status;
+    *res.version_mut() = head.version;
+    *res.headers_mut() = head.headers;
+    res
+}
+
+/// An HTTP/1.1 request made ready for [`Upstream::send`]: its head written
 /// out, its header map emptied for the response's.
 #[derive(Debug)]
-pub(crate) struct WholeRequest {
-    head: Vec<u8>,
-    /// The body, whole (empty for none).
-    body: Bytes,
-    method: Method,
+pub(crate) struct Http1Request {
+    out: Outgoing<RequestBody>,
     headers: HeaderMap,
-    /// It may be sent again, by Go's rule.
-    again: bool,
+    /// It may be sent again after it was written, by Go's rule.
+    replayable: bool,
 }
 
-impl WholeRequest {
-    /// `req`, its URI in origin form and its `Host` set.
+impl Http1Request {
+    /// `req`, its URI in origin form (authority form for `CONNECT`) and
+    /// its `Host` set.
     pub(crate) fn new(req: Request<RequestBody>) -> Self {
-        let mut head = Vec::with_capacity(256);
-        own::encode(&req, &mut head);
-        let again = replayable(&req);
-        let (
-            http::request::Parts {
-                method,
-                mut headers,
-                ..
-            },
-            body,
-        ) = req.into_parts();
-        // Written from where it is, after the head and in the same write,
-        // as hyper's client writes a body it has whole.
-        let body = match body.content {
-            Content::Full(mut body) => body.take(),
-            _ => Bytes::new(),
+        let replayable = replayable(&req);
+        let (mut parts, body) = req.into_parts();
+        let payload = match body.content {
+            Content::Empty => Payload::None,
+            // Written from where it is, after the head and in the same
+            // write, as hyper's client writes a body it has whole.
+            Content::Full(mut whole) => Payload::Whole(whole.take()),
+            content => Payload::Stream(RequestBody::new(content, body.facts)),
         };
-        headers.clear();
+        let out = Outgoing::new(&parts, payload);
+        parts.headers.clear();
         Self {
-            head,
-            body,
-            method,
-            headers,
-            again,
+            out,
+            headers: parts.headers,
+            replayable,
         }
     }
-}
-
-/// How HTTP/1.1 connections to the app are spoken: header names as Go's
-/// transport writes them (`X-Forwarded-For`), and the response head
-/// limits.
-fn http1_builder() -> http1::Builder {
-    let mut builder = http1::Builder::new();
-    builder
-        .title_case_headers(true)
-        .max_headers(MAX_HEADER_FIELDS)
-        .max_buf_size(MAX_RESPONSE_HEADER_BYTES);
-    builder
 }
 
 /// Whether a request may be sent twice, by Go's rule (`isReplayable`): no
@@ -349,16 +290,6 @@ async fn dial(addr: SocketAddr) -> Result<(TcpStream, SocketAddr), UpstreamError
     tcp.set_nodelay(true).map_err(connect_error)?;
     let local = tcp.local_addr().map_err(connect_error)?;
     Ok((tcp, local))
-}
-
-/// A copy of a request that has no body.
-fn copy_bodyless(req: &Request<RequestBody>) -> Request<RequestBody> {
-    let mut copy = Request::new(RequestBody::new(Content::Empty, req.body().facts));
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
 }
 
 /// The shared h2c connection.
@@ -470,7 +401,9 @@ mod tests {
                 .header(http::header::HOST, "app")
                 .body(RequestBody::new(Content::Empty, Facts::default()))
                 .unwrap();
-            let res = upstream.send_whole(WholeRequest::new(req)).await.unwrap();
+            let Answer::Response(res) = upstream.send(Http1Request::new(req)).await.unwrap() else {
+                panic!("switched");
+            };
             let (parts, body) = res.into_parts();
             let body = body.collect().await.unwrap().to_bytes();
             let expected = char::from(b'a' + i as u8).to_string().repeat(size);
@@ -492,94 +425,170 @@ mod tests {
         }
     }
 
-    /// The bytes of one request as the app receives them, sent by `send`
-    /// to a listener that answers `204` and closes.
-    async fn received<F, Fut>(send: F) -> Vec<u8>
-    where
-        F: FnOnce(u16) -> Fut,
-        Fut: Future<Output = ()>,
-    {
-        let app = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
-        let port = app.local_addr().unwrap().port();
-        let read = tokio::spawn(async move {
-            let (mut tcp, _) = app.accept().await.unwrap();
-            let mut got = Vec::new();
-            // The head, then the body its `Content-Length` says.
-            loop {
-                if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-                    let length = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .map_or(0, |n| n.parse::<usize>().unwrap());
-                    if got.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-                let mut buf = [0; 4096];
-                let n = tcp.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the request ended early");
-                got.extend_from_slice(&buf[..n]);
-            }
-            tcp.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            got
-        });
-        send(port).await;
-        read.await.unwrap()
+    /// What a scripted app does with a request.
+    #[derive(Debug, Clone, Copy)]
+    enum Then {
+        /// Answers `200` and keeps the connection.
+        Answer,
+        /// Answers `200`, announcing `Keep-Alive: timeout=2`.
+        AnswerAnnouncing,
+        /// Answers `200`, then closes the connection.
+        AnswerAndClose,
+        /// Closes the connection without answering.
+        Close,
     }
 
-    /// A request whose body is whole goes out as hyper's client writes
-    /// it (and writes a body streamed from a client): the head, then the
-    /// body. It is not sent again if the app drops the connection, as Go
-    /// sends no request with a body again.
-    #[tokio::test]
-    async fn a_whole_body_goes_out_as_hyper_writes_it() {
-        let parts = || {
-            Request::put("/e?x=1")
-                .header(http::header::HOST, "app")
-                .header("idempotency-key", "k")
-                .header(http::header::CONTENT_LENGTH, "11")
-                .header("ce-type", "dev.knative.example")
-                .body(())
-                .unwrap()
-                .into_parts()
-                .0
-        };
-        let body = Bytes::from_static(b"{\"a\":\"b c\"}");
-        let ours = received(|port| {
-            let req = Request::from_parts(
-                parts(),
-                RequestBody::new(
-                    Content::Full(WholeBody::new(body.clone()).0),
-                    Facts::default(),
-                ),
-            );
-            let whole = WholeRequest::new(req);
-            assert!(!whole.again, "a request with a body is never sent again");
-            async move {
-                let res = Upstream::new(port, 1).send_whole(whole).await.unwrap();
-                assert_eq!(res.status(), 204);
+    /// An app on loopback that reads each request whole (its
+    /// `Content-Length`) and does what `script` says for the `n`th request
+    /// on each connection (the last entry after that); the requests it
+    /// read, as (connection, request line), come from the receiver.
+    async fn scripted(
+        script: Vec<Then>,
+    ) -> (u16, tokio::sync::mpsc::UnboundedReceiver<(usize, String)>) {
+        let app = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = app.local_addr().unwrap().port();
+        let (seen, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for conn in 0.. {
+                let (mut tcp, _) = app.accept().await.unwrap();
+                let (seen, script) = (seen.clone(), script.clone());
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    for n in 0.. {
+                        let end = loop {
+                            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                                let head =
+                                    String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                                let length = head
+                                    .lines()
+                                    .find_map(|l| l.strip_prefix("content-length: "))
+                                    .map_or(0, |n| n.parse::<usize>().unwrap());
+                                if got.len() >= end + 4 + length {
+                                    break end + 4 + length;
+                                }
+                            }
+                            let mut buf = [0; 4096];
+                            match tcp.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        };
+                        let line = String::from_utf8_lossy(&got[..end])
+                            .lines()
+                            .next()
+                            .unwrap()
+                            .to_owned();
+                        got.drain(..end);
+                        seen.send((conn, line)).unwrap();
+                        let then = script[n.min(script.len() - 1)];
+                        let answer: &[u8] = match then {
+                            Then::Close => return,
+                            Then::AnswerAnnouncing => b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=2\r\nContent-Length: 2\r\n\r\nok",
+                            _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                        };
+                        tcp.write_all(answer).await.unwrap();
+                        if let Then::AnswerAndClose = then {
+                            return;
+                        }
+                    }
+                });
             }
-        })
-        .await;
-        let sent = body.clone();
-        let hyper = received(|port| async move {
-            let tcp = TcpStream::connect((Ipv4Addr::LOCALHOST, port))
-                .await
-                .unwrap();
-            let (mut sender, conn) = http1_builder().handshake(TokioIo::new(tcp)).await.unwrap();
-            tokio::spawn(conn);
-            let req = Request::from_parts(parts(), http_body_util::Full::new(sent));
-            let res = sender.send_request(req).await.unwrap();
-            assert_eq!(res.status(), 204);
-        })
-        .await;
+        });
+        (port, rx)
+    }
+
+    fn get() -> Request<RequestBody> {
+        Request::get("/get")
+            .header(http::header::HOST, "app")
+            .body(RequestBody::new(Content::Empty, Facts::default()))
+            .unwrap()
+    }
+
+    fn post() -> Request<RequestBody> {
+        Request::post("/post")
+            .header(http::header::HOST, "app")
+            .header(http::header::CONTENT_LENGTH, "4")
+            .body(RequestBody::new(
+                Content::Full(WholeBody::new(Bytes::from_static(b"data")).0),
+                Facts::default(),
+            ))
+            .unwrap()
+    }
+
+    /// Sends `req`, and reads the answer's body to its end (so that its
+    /// connection goes back to the pool): its status, or the error's text.
+    async fn status_of(upstream: &Upstream, req: Request<RequestBody>) -> String {
+        match upstream.send(Http1Request::new(req)).await {
+            Ok(Answer::Response(res)) => {
+                let status = res.status();
+                res.into_body().collect().await.unwrap();
+                status.as_str().to_owned()
+            }
+            Ok(Answer::Switched(_)) => "switched".to_owned(),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    fn drain(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, String)>,
+    ) -> Vec<(usize, String)> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    /// A kept connection the app closed while it was idle is passed over
+    /// before anything is written to it: a request with a body goes on a
+    /// new connection, and reaches the app once.
+    #[tokio::test]
+    async fn a_connection_closed_while_idle_is_not_written_to() {
+        let (port, mut seen) = scripted(vec![Then::AnswerAndClose]).await;
+        let upstream = Upstream::new(port, 4);
+        assert_eq!(status_of(&upstream, get()).await, "200");
+        // The app has closed its end once it has answered.
+        assert_eq!(status_of(&upstream, post()).await, "200");
         assert_eq!(
-            String::from_utf8_lossy(&ours),
-            String::from_utf8_lossy(&hyper)
+            drain(&mut seen),
+            [
+                (0, "GET /get HTTP/1.1".to_owned()),
+                (1, "POST /post HTTP/1.1".to_owned())
+            ]
         );
-        assert!(ours.ends_with(&body));
+    }
+
+    /// The app reads a request on a kept connection and closes it without
+    /// answering: a `GET` is sent again on a new connection, as Go sends
+    /// it; a `POST` with a body is not (the app has it), and fails with
+    /// Go's text.
+    #[tokio::test]
+    async fn only_a_replayable_request_is_sent_again_after_the_app_had_it() {
+        let (port, mut seen) = scripted(vec![Then::Answer, Then::Close]).await;
+        let upstream = Upstream::new(port, 4);
+        assert_eq!(status_of(&upstream, get()).await, "200");
+        assert_eq!(status_of(&upstream, get()).await, "200");
+        assert_eq!(
+            drain(&mut seen),
+            [
+                (0, "GET /get HTTP/1.1".to_owned()),
+                (0, "GET /get HTTP/1.1".to_owned()),
+                (1, "GET /get HTTP/1.1".to_owned()),
+            ]
+        );
+        assert_eq!(status_of(&upstream, post()).await, "EOF");
+        assert_eq!(drain(&mut seen), [(1, "POST /post HTTP/1.1".to_owned())]);
+    }
+
+    /// A connection is not reused past the idle time its app announced
+    /// (`timeout=2`, kept 1.5 s): within it, it is.
+    #[tokio::test]
+    async fn a_connection_is_not_reused_past_the_idle_time_its_app_announced() {
+        let (port, mut seen) = scripted(vec![Then::AnswerAnnouncing]).await;
+        let upstream = Upstream::new(port, 4);
+        assert_eq!(status_of(&upstream, get()).await, "200");
+        // Idle times around the limit are what is under test.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(status_of(&upstream, get()).await, "200");
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        assert_eq!(status_of(&upstream, get()).await, "200");
+        let conns: Vec<usize> = drain(&mut seen).into_iter().map(|(c, _)| c).collect();
+        assert_eq!(conns, [0, 0, 1]);
     }
 }

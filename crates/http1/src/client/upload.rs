@@ -1,0 +1,316 @@
+//! A request body streamed to the app as the client sends it: framed by
+//! its `Content-Length`, or in chunks (with the trailers the request
+//! announced in `Trailer`), as hyper's client frames it.
+//!
+//! The request's head waits for the body's first frame and goes out with
+//! it, as Go's transport sends a head with the first bytes of its body: an
+//! app that closes a kept-alive connection as a request arrives then has
+//! the whole of a small request, and the client's body has been read, so
+//! that the client's connection can serve its next request.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http::header::HeaderName;
+use http_body::Body;
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+
+use crate::BoxError;
+use crate::wire::title_case::header_line;
+
+/// How a streamed body is framed on the wire.
+#[derive(Debug)]
+pub(crate) enum Framing {
+    /// This many bytes are left, as the request's `Content-Length` said.
+    Length(u64),
+    /// In chunks; the last one carries the trailers the request announced
+    /// (`None`: it announced none, and none are sent).
+    Chunked(Option<Vec<HeaderName>>),
+}
+
+/// Why a streamed request body could not be written whole.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// The client's body failed (the client went away, or broke its
+    /// framing).
+    #[error("the client's request body failed: {0}")]
+    Body(BoxError),
+    /// The client's body did not match its `Content-Length`.
+    #[error("the client's request body does not match its Content-Length")]
+    Length,
+    /// The connection to the app failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// A request body on its way to the app: what is to be written next (the
+/// head, before the first frame), and the rest of the client's body.
+#[derive(Debug)]
+pub struct Upload<B> {
+    body: B,
+    framing: Framing,
+    /// Written in order: the request's head (until the first frame goes
+    /// with it), a chunk's size line, its data, the line's end.
+    out: Out,
+    /// The head waits for the first frame.
+    head_held: bool,
+    /// The body's end has been framed into `out`.
+    ended: bool,
+}
+
+/// The bytes to write next, as up to four slices.
+#[derive(Debug, Default)]
+struct Out {
+    head: Bytes,
+    size: ChunkSize,
+    data: Bytes,
+    tail: &'static [u8],
+}
+
+/// A chunk's size line, on the stack.
+#[derive(Debug, Default)]
+struct ChunkSize {
+    bytes: [u8; 18],
+    at: u8,
+    len: u8,
+}
+
+impl ChunkSize {
+    fn of(n: usize) -> Self {
+        let mut size = ChunkSize::default();
+        let digits = format_hex(n, &mut size.bytes);
+        size.len = digits;
+        size.bytes[usize::from(digits)] = b'\r';
+        size.bytes[usize::from(digits) + 1] = b'\n';
+        size.len += 2;
+        size
+    }
+
+    fn rest(&self) -> &[u8] {
+        &self.bytes[usize::from(self.at)..usize::from(self.len)]
+    }
+}
+
+/// Writes `n` in lower-case hexadecimal at the start of `dst`; returns how
+/// many digits.
+fn format_hex(n: usize, dst: &mut [u8; 18]) -> u8 {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut len = 1;
+    while len < 16 && n >> (4 * len) != 0 {
+        len += 1;
+    }
+    for i in 0..len {
+        dst[len - 1 - i] = DIGITS[(n >> (4 * i)) & 0xf];
+    }
+    len as u8
+}
+
+impl Out {
+    fn is_empty(&self) -> bool {
+        self.head.is_empty()
+            && self.size.rest().is_empty()
+            && self.data.is_empty()
+            && self.tail.is_empty()
+    }
+
+    /// Takes `n` written bytes off the front.
+    fn advance(&mut self, mut n: usize) {
+        let from_head = n.min(self.head.len());
+        self.head.advance(from_head);
+        n -= from_head;
+        let from_size = n.min(self.size.rest().len());
+        self.size.at += from_size as u8;
+        n -= from_size;
+        let from_data = n.min(self.data.len());
+        self.data.advance(from_data);
+        n -= from_data;
+        self.tail = &self.tail[n.min(self.tail.len())..];
+    }
+}
+
+impl<B> Upload<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    /// `body`, framed by `framing`, after `head`.
+    pub(crate) fn new(head: Bytes, body: B, framing: Framing) -> Self {
+        Upload {
+            body,
+            framing,
+            out: Out {
+                head,
+                ..Out::default()
+            },
+            head_held: true,
+            ended: false,
+        }
+    }
+
+    /// The request's head, while it is held.
+    #[cfg(test)]
+    pub(crate) fn head(&self) -> &Bytes {
+        &self.out.head
+    }
+
+    /// Writes what there is to write, reading the client's body as the
+    /// socket takes it; `Ready(Ok)` once the body's end is written.
+    /// `written` is set once any byte has gone out.
+    pub(crate) fn poll_write(
+        &mut self,
+        tcp: &mut TcpStream,
+        written: &mut bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), UploadError>> {
+        loop {
+            if !self.head_held && !self.out.is_empty() {
+                let slices = [
+                    IoSlice::new(&self.out.head),
+                    IoSlice::new(self.out.size.rest()),
+                    IoSlice::new(&self.out.data),
+                    IoSlice::new(self.out.tail),
+                ];
+                let n = ready!(Pin::new(&mut *tcp).poll_write_vectored(cx, &slices))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
+                }
+                *written = true;
+                self.out.advance(n);
+                continue;
+            }
+            if self.ended {
+                return Poll::Ready(Ok(()));
+            }
+            let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+            self.head_held = false;
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.data(data)?,
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            self.end(Some(&trailers))?;
+                        }
+                    }
+                },
+                None => self.end(None)?,
+                Some(Err(e)) => return Poll::Ready(Err(UploadError::Body(e.into()))),
+            }
+        }
+    }
+
+    /// Frames a data frame of the client's body.
+    fn data(&mut self, data: Bytes) -> Result<(), UploadError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &mut self.framing {
+            Framing::Length(left) => {
+                *left = left
+                    .checked_sub(data.len() as u64)
+                    .ok_or(UploadError::Length)?;
+                self.out.data = data;
+            }
+            Framing::Chunked(_) => {
+                self.out.size = ChunkSize::of(data.len());
+                self.out.data = data;
+                self.out.tail = b"\r\n";
+            }
+        }
+        Ok(())
+    }
+
+    /// Frames the body's end: the last chunk, with the announced trailers.
+    fn end(&mut self, trailers: Option<&HeaderMap>) -> Result<(), UploadError> {
+        self.ended = true;
+        match &self.framing {
+            Framing::Length(0) => Ok(()),
+            Framing::Length(_) => Err(UploadError::Length),
+            Framing::Chunked(allowed) => {
+                let mut last = Vec::new();
+                if let (Some(trailers), Some(allowed)) = (trailers, allowed) {
+                    for (name, value) in trailers {
+                        if allowed.contains(name) {
+                            header_line(&mut last, name, value);
+                        }
+                    }
+                }
+                if last.is_empty() {
+                    self.out.tail = b"0\r\n\r\n";
+                } else {
+                    let mut chunk = b"0\r\n".to_vec();
+                    chunk.extend_from_slice(&last);
+                    chunk.extend_from_slice(b"\r\n");
+                    self.out.data = Bytes::from(chunk);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The rest of a request body, still being written when the app's
+/// response came: the response's body writes it on while it is read.
+pub trait Uploading: Send + std::fmt::Debug {
+    /// [`Upload::poll_write`].
+    fn poll_upload(
+        &mut self,
+        tcp: &mut TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), UploadError>>;
+}
+
+impl<B> Uploading for Upload<B>
+where
+    B: Body<Data = Bytes> + Unpin + Send + std::fmt::Debug,
+    B::Error: Into<BoxError>,
+{
+    fn poll_upload(
+        &mut self,
+        tcp: &mut TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), UploadError>> {
+        let mut written = false;
+        self.poll_write(tcp, &mut written, cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_are_lower_case_hex_lines() {
+        for (n, line) in [
+            (1, "1\r\n"),
+            (15, "f\r\n"),
+            (16, "10\r\n"),
+            (0xabc, "abc\r\n"),
+            (usize::MAX, "ffffffffffffffff\r\n"),
+        ] {
+            assert_eq!(ChunkSize::of(n).rest(), line.as_bytes(), "{n}");
+        }
+    }
+
+    #[test]
+    fn written_bytes_come_off_the_front_across_parts() {
+        let mut out = Out {
+            head: Bytes::from_static(b"HEAD"),
+            size: ChunkSize::of(3),
+            data: Bytes::from_static(b"abc"),
+            tail: b"\r\n",
+        };
+        out.advance(5);
+        assert_eq!(out.size.rest(), b"\r\n");
+        out.advance(3);
+        assert_eq!(&out.data[..], b"bc");
+        out.advance(3);
+        assert_eq!(out.tail, b"\n");
+        assert!(!out.is_empty());
+        out.advance(1);
+        assert!(out.is_empty());
+    }
+}
