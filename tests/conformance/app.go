@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -44,6 +45,13 @@ type App struct {
 
 	mu   sync.Mutex
 	seen []Seen
+	// custom, when set, answers every request instead.
+	custom atomic.Pointer[http.Handler]
+}
+
+// SetHandler makes h answer every request (the failure-mode suite's apps).
+func (a *App) SetHandler(h http.Handler) {
+	a.custom.Store(&h)
 }
 
 // reservePort finds a free loopback port.
@@ -115,6 +123,10 @@ func (a *App) Take() []Seen {
 var upgrader = websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
 
 func (a *App) serve(w http.ResponseWriter, r *http.Request) {
+	if h := a.custom.Load(); h != nil {
+		(*h).ServeHTTP(w, r)
+		return
+	}
 	if r.Method == http.MethodConnect && r.ProtoMajor == 2 {
 		a.tunnel(w, r)
 		return

@@ -95,9 +95,14 @@ func main() {
 	isolate := flag.Bool("isolate", true, "play each run in a network namespace of its own, a scenario's runs at once (needs root; without it, one run at a time)")
 	scenariosAtOnce := flag.Int("scenarios-at-once", 3, "with -isolate, how many scenarios are played at once (their results still come in order)")
 	child := flag.String(childFlag, "", "(internal: one run, in the namespace the runner made for it)")
+	failureSuite := flag.Bool("failures", false, "play the failure-mode suite (failures.go) instead of the scenarios; the report goes to ../../target/conformance/failures.md")
+	failChild := flag.String(failChildFlag, "", "(internal: one play of a failure case, in the namespace the runner made for it)")
 	flag.Parse()
 	if *child != "" {
 		os.Exit(runChild(*child))
+	}
+	if *failChild != "" {
+		os.Exit(runFailChild(*failChild))
 	}
 
 	differences, err := LoadDifferences(*expectedFile)
@@ -134,6 +139,23 @@ func main() {
 	if len(generations) == 0 {
 		fmt.Fprintln(os.Stderr, "conformance: no generation", *onlyGeneration, "(classic or current)")
 		os.Exit(2)
+	}
+	if *failureSuite {
+		logs, _ := filepath.Abs(filepath.Join(filepath.Dir(*report), "logs"))
+		os.MkdirAll(logs, 0o755)
+		if *isolate && !canIsolate() {
+			fmt.Fprintln(os.Stderr, "conformance: the failure-mode suite needs network namespaces (root): each play listens on Knative's fixed ports")
+			os.Exit(2)
+		}
+		bin, _ := filepath.Abs(*qproxyBin)
+		for i := range generations {
+			generations[i].Oracle, _ = filepath.Abs(generations[i].Oracle)
+		}
+		out := filepath.Join(filepath.Dir(*report), "failures.md")
+		if !runFailures(generations, bin, logs, out, *only, *isolate) {
+			os.Exit(1)
+		}
+		return
 	}
 	scenarios, err := LoadScenarios(*dir)
 	if err != nil {

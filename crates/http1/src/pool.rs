@@ -6,7 +6,18 @@
 //! kept, each for at most 90 s (Go's transport default), or for less when
 //! the app announced a shorter idle time ([`Pooled::keep`]): a connection
 //! past it is closed when it is found, never written to.
+//!
+//! Most apps that close idle connections do not announce it (Go's
+//! `net/http`, gunicorn, uvicorn). The pool learns it instead: when the app
+//! turns out to have closed a connection that idled for `d` (found closed
+//! here, or failed under a request, [`Idle::closed_after`]), no connection
+//! is reused after idling for more than `d / 2` from then on. The app's
+//! limit is below `d`, and so, once it has been seen once, a connection
+//! is not written to just as the app closes it. Closes after less than
+//! [`LEARN_FLOOR`] are not taken for a limit (an app that restarts closes
+//! its connections whatever their idle time); the limit only shrinks.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -16,6 +27,9 @@ use tokio::time::Instant;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often connections idle for longer are closed.
 pub const IDLE_SWEEP: Duration = Duration::from_secs(15);
+/// The shortest idle time after which an app's close is taken for its
+/// idle limit.
+pub const LEARN_FLOOR: Duration = Duration::from_millis(500);
 
 /// A connection that may wait in [`Idle`].
 pub trait Pooled {
@@ -29,11 +43,21 @@ pub trait Pooled {
 }
 
 /// The idle HTTP/1.1 connections, the one used last at the end, each with
-/// the time it stops being reused.
+/// when it went idle and when it stops being reused.
 #[derive(Debug)]
 pub struct Idle<C> {
     max: usize,
-    conns: Mutex<Vec<(C, Instant)>>,
+    conns: Mutex<Vec<Entry<C>>>,
+    /// The longest a connection may idle, as learned from the app's closes,
+    /// in nanoseconds ([`IDLE_TIMEOUT`] until one is seen).
+    learned: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Entry<C> {
+    conn: C,
+    since: Instant,
+    until: Instant,
 }
 
 impl<C: Pooled + Send + 'static> Idle<C> {
@@ -43,22 +67,36 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         let idle = Arc::new(Idle {
             max,
             conns: Mutex::new(Vec::new()),
+            learned: AtomicU64::new(nanos(IDLE_TIMEOUT)),
         });
         Idle::keep_swept(Arc::downgrade(&idle));
         idle
     }
 
-    /// The connection used last, if one is open and within its idle time;
-    /// those passed over are closed.
-    pub fn take(&self) -> Option<C> {
+    /// The connection used last, if one is open and within its idle time,
+    /// and how long it idled; those passed over are closed.
+    pub fn take(&self) -> Option<(C, Duration)> {
         let now = Instant::now();
+        let learned = self.learned();
+        let mut closed_after = None;
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some((conn, until)) = conns.pop() {
-            if now < until && !conn.is_closed() {
-                return Some(conn);
+        let found = loop {
+            let Some(entry) = conns.pop() else { break None };
+            let idled = now.saturating_duration_since(entry.since);
+            if now >= entry.until || idled > learned {
+                continue;
             }
+            if entry.conn.is_closed() {
+                closed_after = Some(idled);
+                continue;
+            }
+            break Some((entry.conn, idled));
+        };
+        drop(conns);
+        if let Some(idled) = closed_after {
+            self.closed_after(idled);
         }
-        None
+        found
     }
 
     /// Keeps `conn` for reuse, unless enough are kept already.
@@ -70,17 +108,59 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         if keep.is_zero() {
             return;
         }
-        let until = Instant::now() + keep;
+        let since = Instant::now();
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         if conns.len() < self.max {
-            conns.push((conn, until));
+            conns.push(Entry {
+                conn,
+                since,
+                until: since + keep,
+            });
         }
+    }
+
+    /// The app closed a connection (or dropped it under a request) that
+    /// had idled for `idled`: connections are not reused past half of it
+    /// from now on, unless it is under [`LEARN_FLOOR`].
+    pub fn closed_after(&self, idled: Duration) {
+        if idled < LEARN_FLOOR {
+            return;
+        }
+        let limit = nanos(idled / 2);
+        let before = self.learned.fetch_min(limit, Ordering::Relaxed);
+        if limit < before {
+            tracing::debug!(
+                idle_limit_ms = limit / 1_000_000,
+                "the app closes idle connections: not reusing one idle for longer"
+            );
+        }
+    }
+
+    /// The longest a connection may idle, as learned.
+    pub fn learned(&self) -> Duration {
+        Duration::from_nanos(self.learned.load(Ordering::Relaxed))
     }
 
     /// Closes the connections past their idle time.
     fn sweep(&self, now: Instant) {
+        let learned = self.learned();
+        let mut closed_after = None;
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        conns.retain(|(conn, until)| now < *until && !conn.is_closed());
+        conns.retain(|entry| {
+            let idled = now.saturating_duration_since(entry.since);
+            if now >= entry.until || idled > learned {
+                return false;
+            }
+            if entry.conn.is_closed() {
+                closed_after = Some(closed_after.map_or(idled, |c: Duration| c.min(idled)));
+                return false;
+            }
+            true
+        });
+        drop(conns);
+        if let Some(idled) = closed_after {
+            self.closed_after(idled);
+        }
     }
 
     /// Sweeps `idle` every [`IDLE_SWEEP`] while it exists.
@@ -98,6 +178,11 @@ impl<C: Pooled + Send + 'static> Idle<C> {
             }
         });
     }
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -134,7 +219,7 @@ mod tests {
 
     fn ports(idle: &Idle<TestConn>) -> Vec<u16> {
         let conns = idle.conns.lock().unwrap();
-        conns.iter().map(|(c, _)| c.port).collect()
+        conns.iter().map(|e| e.conn.port).collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -144,8 +229,8 @@ mod tests {
             idle.put(conn(port));
         }
         assert_eq!(ports(&idle), [1, 2], "the third is closed, not kept");
-        assert_eq!(idle.take().unwrap().port, 2);
-        assert_eq!(idle.take().unwrap().port, 1);
+        assert_eq!(idle.take().unwrap().0.port, 2);
+        assert_eq!(idle.take().unwrap().0.port, 1);
         assert!(idle.take().is_none());
     }
 
@@ -188,18 +273,45 @@ mod tests {
             ..conn(2)
         });
         tokio::time::sleep(Duration::from_millis(700)).await;
-        assert_eq!(idle.take().unwrap().port, 2, "still within its time");
+        assert_eq!(idle.take().unwrap().0.port, 2, "still within its time");
         idle.put(TestConn {
             keep: Some(Duration::from_millis(750)),
             ..conn(2)
         });
         tokio::time::sleep(Duration::from_millis(751)).await;
-        assert_eq!(idle.take().unwrap().port, 1, "2 is past its time");
+        assert_eq!(idle.take().unwrap().0.port, 1, "2 is past its time");
         assert!(idle.take().is_none());
         idle.put(TestConn {
             keep: Some(Duration::ZERO),
             ..conn(3)
         });
         assert!(ports(&idle).is_empty(), "no idle time: not kept");
+    }
+
+    /// A close the pool finds after 2 s of idling makes it keep none for
+    /// more than 1 s from then on; a close after less than the floor (a
+    /// restart) teaches nothing, and the limit never grows.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_time_after_which_the_app_closes_is_learned() {
+        let idle = Idle::new(10);
+        let c = conn(1);
+        let closed = c.closed.clone();
+        idle.put(c);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        closed.store(true, Ordering::Relaxed);
+        assert!(idle.take().is_none());
+        assert_eq!(idle.learned(), Duration::from_secs(1));
+        idle.put(conn(2));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let (c, idled) = idle.take().unwrap();
+        assert_eq!((c.port, idled), (2, Duration::from_millis(900)));
+        idle.put(conn(3));
+        tokio::time::sleep(Duration::from_millis(1001)).await;
+        assert!(idle.take().is_none(), "past the learned limit");
+        idle.closed_after(Duration::from_millis(400));
+        idle.closed_after(Duration::from_secs(30));
+        assert_eq!(idle.learned(), Duration::from_secs(1));
+        idle.closed_after(Duration::from_millis(1200));
+        assert_eq!(idle.learned(), Duration::from_millis(600));
     }
 }

@@ -3,13 +3,18 @@
 //! Once the app has answered `101 Switching Protocols` and the client has
 //! received it, bytes are copied both ways. When one side finishes sending,
 //! the other side's write half is shut down and the copy the other way goes
-//! on until it finishes too, as current Knative's Go reverse proxy does: a
-//! client that half-closes still gets the rest of the app's answer.
+//! on, as classic Knative's Go reverse proxy does: a client that
+//! half-closes still gets the rest of the app's answer.
 //!
 //! The request that opened the tunnel is not over while it runs: the `101`
 //! response carries a [`Tunnel`] that keeps whatever the layers hold for
 //! the request (its breaker slot, for one) until the tunnel closes, and the
 //! tunnel is closed at the request's [`TunnelDeadline`], if it has one.
+//! Once the client has stopped sending, the request is over, as current
+//! Knative's queue-proxy ends the whole tunnel then: what it held is let go
+//! of and a shutdown no longer waits for it. The rest of the app's answer
+//! still goes to the client, for at most [`AFTER_CLIENT_ENDS`]: an app
+//! that never closes its side holds nothing for long.
 //!
 //! A `CONNECT` over HTTP/2 is a tunnel too ([`spawn_stream`]), with a
 //! stream instead of a connection on each side: the client's, upgraded by
@@ -18,7 +23,9 @@
 //! both.
 
 use std::future::Future;
+use std::io;
 use std::pin::pin;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -34,11 +41,18 @@ use crate::proxy::upstream::AppIo;
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;
 
+/// How long the app's answer may still flow once the client has stopped
+/// sending: as long as a shutdown waits for upgraded connections.
+pub(crate) const AFTER_CLIENT_ENDS: Duration = Duration::from_secs(60);
+
 /// Runs the tunnel between the client (once hyper's server has sent the
 /// `101`, or the `2xx` to `CONNECT`) and the app's connection in its own
 /// task, and returns the handle the response carries.
-pub(super) fn spawn(client: OnUpgrade, mut app: AppIo, deadline: Option<TunnelDeadline>) -> Tunnel {
-    run(deadline, async move {
+pub(super) fn spawn(client: OnUpgrade, app: AppIo, deadline: Option<TunnelDeadline>) -> Tunnel {
+    let tunnel = Tunnel::open();
+    let handle = tunnel.clone();
+    let ends = tunnel.clone();
+    let copy = async move {
         let client = match client.await {
             Ok(client) => client,
             Err(e) => {
@@ -46,12 +60,34 @@ pub(super) fn spawn(client: OnUpgrade, mut app: AppIo, deadline: Option<TunnelDe
                 return;
             }
         };
-        let mut client = TokioIo::new(client);
-        match tokio::io::copy_bidirectional(&mut client, &mut app).await {
-            Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
-            Err(e) => tracing::debug!(error = %e, "upgraded connection failed"),
+        let (mut from_client, mut to_client) = tokio::io::split(TokioIo::new(client));
+        let (mut from_app, mut to_app) = tokio::io::split(app);
+        let mut up = pin!(async {
+            let copied = tokio::io::copy(&mut from_client, &mut to_app).await;
+            let _ = to_app.shutdown().await;
+            copied
+        });
+        let mut down = pin!(async {
+            let copied = tokio::io::copy(&mut from_app, &mut to_client).await;
+            let _ = to_client.shutdown().await;
+            copied
+        });
+        let (up, down) = tokio::select! {
+            up = &mut up => {
+                // The client is done: so is its request.
+                ends.close();
+                let down = tokio::time::timeout(AFTER_CLIENT_ENDS, down).await;
+                (up, down.unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())))
+            }
+            down = &mut down => (up.await, down),
+        };
+        match (up, down) {
+            (Ok(up), Ok(down)) => tracing::debug!(up, down, "upgraded connection closed"),
+            (up, down) => tracing::debug!(?up, ?down, "upgraded connection failed"),
         }
-    })
+    };
+    run_with(tunnel, deadline, copy);
+    handle
 }
 
 /// Runs the tunnel of an HTTP/2 `CONNECT` in its own task: what the
@@ -126,6 +162,17 @@ fn run(
 ) -> Tunnel {
     let tunnel = Tunnel::open();
     let handle = tunnel.clone();
+    run_with(tunnel, deadline, copy);
+    handle
+}
+
+/// Runs `copy` in a task of its own, at most until `deadline`, then closes
+/// `tunnel`.
+fn run_with(
+    tunnel: Tunnel,
+    deadline: Option<TunnelDeadline>,
+    copy: impl Future<Output = ()> + Send + 'static,
+) {
     tokio::spawn(async move {
         match deadline {
             Some(TunnelDeadline(at)) => {
@@ -137,5 +184,4 @@ fn run(
         }
         tunnel.close();
     });
-    handle
 }

@@ -116,16 +116,20 @@ impl Upstream {
         // Once sent again after the app dropped it: on a new connection.
         let mut fresh = false;
         loop {
-            let (conn, reused) = match (!fresh).then(|| self.idle.take()).flatten() {
-                Some(conn) => (conn, true),
-                None => (self.dial().await?, false),
+            let (conn, idled) = match (!fresh).then(|| self.idle.take()).flatten() {
+                Some((conn, idled)) => (conn, Some(idled)),
+                None => (self.dial().await?, None),
             };
             let err = match self.exchange_on(conn, &mut out, &mut headers, false).await {
                 Ok(answer) => return Ok(answer),
                 Err(err) => err,
             };
-            if !reused {
+            let Some(idled) = idled else {
                 return Err(err);
+            };
+            if !out.was_heard() && err.is_dropped_connection() {
+                // The app closed a connection that had idled this long.
+                self.idle.closed_after(idled);
             }
             if out.is_unsent() {
                 tracing::debug!(error = %err, "an idle connection to the app was closed before the request was written; sending on another");

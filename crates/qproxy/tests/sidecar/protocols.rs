@@ -103,6 +103,61 @@ async fn tunnel_half_close_lets_the_app_finish() {
     assert_eq!(answer, b"HELLO THERE");
 }
 
+/// A client that leaves an upgraded connection ends its request, as
+/// current Knative's queue-proxy ends the whole tunnel then: an app that
+/// never closes its side of the tunnel does not keep the request's slot
+/// (`containerConcurrency: 1`), and the next request is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tunnel_the_client_left_holds_no_slot_while_the_app_keeps_it() {
+    let port = raw_app(|mut s| async move {
+        read_request(&mut s).await;
+        if s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n",
+        )
+        .await
+        .is_err()
+        {
+            return;
+        }
+        // Reads what comes, and never closes its side, even at the end.
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink).await;
+        std::future::pending::<()>().await;
+    })
+    .await;
+    let qp = QProxy::start(port, &[("CONTAINER_CONCURRENCY", "1")]);
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        within("the 101", client.read_exact(&mut byte))
+            .await
+            .unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
+    drop(client);
+    // The slot is free: an upgrade again gets its own 101.
+    let mut again = TcpStream::connect(qp.main).await.unwrap();
+    again
+        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        within("the second 101", again.read_exact(&mut byte))
+            .await
+            .unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn upgrade_to_another_protocol_than_asked_is_502() {
     let port = canned_app(
