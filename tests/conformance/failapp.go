@@ -60,27 +60,37 @@ type idleCloser struct {
 	closes int
 }
 
-// startIdleCloser listens on a free loopback port and serves.
-func startIdleCloser(idle time.Duration, rst, announce bool, model closeModel) (*idleCloser, error) {
+// listenTCP listens on a free loopback port and serves each connection
+// with serve, in a goroutine of its own.
+func listenTCP(serve func(*net.TCPConn)) (net.Listener, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	a := &idleCloser{idle: idle, rst: rst, announce: announce, model: model, ln: ln,
-		read: map[string]int{}, unread: map[string]bool{}}
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			a.mu.Lock()
-			a.conns++
-			a.mu.Unlock()
-			go a.serve(c.(*net.TCPConn))
+			go serve(c.(*net.TCPConn))
 		}
 	}()
-	return a, nil
+	return ln, nil
+}
+
+// startIdleCloser listens on a free loopback port and serves.
+func startIdleCloser(idle time.Duration, rst, announce bool, model closeModel) (*idleCloser, error) {
+	a := &idleCloser{idle: idle, rst: rst, announce: announce, model: model,
+		read: map[string]int{}, unread: map[string]bool{}}
+	ln, err := listenTCP(func(c *net.TCPConn) {
+		a.mu.Lock()
+		a.conns++
+		a.mu.Unlock()
+		a.serve(c)
+	})
+	a.ln = ln
+	return a, err
 }
 
 func (a *idleCloser) port() int { return a.ln.Addr().(*net.TCPAddr).Port }
@@ -198,25 +208,16 @@ type wedgeApp struct {
 }
 
 func startWedgeApp() (*wedgeApp, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	a := &wedgeApp{ln: ln, wedged: make(chan struct{})}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			a.mu.Lock()
-			first := !a.first
-			a.first = true
-			a.mu.Unlock()
-			go a.serve(c, first)
-		}
-	}()
-	return a, nil
+	a := &wedgeApp{wedged: make(chan struct{})}
+	ln, err := listenTCP(func(c *net.TCPConn) {
+		a.mu.Lock()
+		first := !a.first
+		a.first = true
+		a.mu.Unlock()
+		a.serve(c, first)
+	})
+	a.ln = ln
+	return a, err
 }
 
 func (a *wedgeApp) port() int { return a.ln.Addr().(*net.TCPAddr).Port }

@@ -80,20 +80,7 @@ async fn tunnel_half_close_lets_the_app_finish() {
     .await;
     let qp = QProxy::start(port, &[]);
 
-    let mut client = TcpStream::connect(qp.main).await.unwrap();
-    client
-        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        within("the 101", client.read_exact(&mut byte))
-            .await
-            .unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
+    let mut client = shout(qp.main).await;
     client.write_all(b"hello there").await.unwrap();
     client.shutdown().await.unwrap();
     let mut answer = Vec::new();
@@ -126,7 +113,16 @@ async fn a_tunnel_the_client_left_holds_no_slot_while_the_app_keeps_it() {
     })
     .await;
     let qp = QProxy::start(port, &[("CONTAINER_CONCURRENCY", "1")]);
-    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    let client = shout(qp.main).await;
+    drop(client);
+    // The slot is free: an upgrade again gets its own 101.
+    shout(qp.main).await;
+}
+
+/// A connection to `main` upgraded to the made-up protocol `shout`: the
+/// request sent, the `101` read.
+async fn shout(main: std::net::SocketAddr) -> TcpStream {
+    let mut client = TcpStream::connect(main).await.unwrap();
     client
         .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
         .await
@@ -140,22 +136,7 @@ async fn a_tunnel_the_client_left_holds_no_slot_while_the_app_keeps_it() {
         head.push(byte[0]);
     }
     assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
-    drop(client);
-    // The slot is free: an upgrade again gets its own 101.
-    let mut again = TcpStream::connect(qp.main).await.unwrap();
-    again
-        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        within("the second 101", again.read_exact(&mut byte))
-            .await
-            .unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101 Switching Protocols\r\n"));
+    client
 }
 
 #[tokio::test(flavor = "multi_thread")]
