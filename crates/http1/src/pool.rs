@@ -17,7 +17,7 @@
 //! [`LEARN_FLOOR`] are not taken for a limit (an app that restarts closes
 //! its connections whatever their idle time); the limit only shrinks.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -51,13 +51,18 @@ pub struct Idle<C> {
     /// The longest a connection may idle, as learned from the app's closes,
     /// in nanoseconds ([`IDLE_TIMEOUT`] until one is seen).
     learned: AtomicU64,
+    /// Some connection may have to go before [`IDLE_TIMEOUT`] (its app
+    /// announced less, or a limit was learned): until then the sweep alone
+    /// keeps the 90 s, and taking a connection reads no clock.
+    timed: AtomicBool,
 }
 
 #[derive(Debug)]
 struct Entry<C> {
     conn: C,
     since: Instant,
-    until: Instant,
+    /// How long it may idle.
+    keep: Duration,
 }
 
 impl<C: Pooled + Send + 'static> Idle<C> {
@@ -68,33 +73,37 @@ impl<C: Pooled + Send + 'static> Idle<C> {
             max,
             conns: Mutex::new(Vec::new()),
             learned: AtomicU64::new(nanos(IDLE_TIMEOUT)),
+            timed: AtomicBool::new(false),
         });
         Idle::keep_swept(Arc::downgrade(&idle));
         idle
     }
 
     /// The connection used last, if one is open and within its idle time,
-    /// and how long it idled; those passed over are closed.
-    pub fn take(&self) -> Option<(C, Duration)> {
-        let now = Instant::now();
+    /// and when it went idle; those passed over are closed.
+    pub fn take(&self) -> Option<(C, Instant)> {
+        // Read once, and only when some limit is shorter than the sweep's.
+        let now = self.timed.load(Ordering::Relaxed).then(Instant::now);
         let learned = self.learned();
-        let mut closed_after = None;
+        let mut closed_since = None;
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         let found = loop {
             let Some(entry) = conns.pop() else { break None };
-            let idled = now.saturating_duration_since(entry.since);
-            if now >= entry.until || idled > learned {
-                continue;
+            if let Some(now) = now {
+                let idled = now.saturating_duration_since(entry.since);
+                if idled >= entry.keep || idled > learned {
+                    continue;
+                }
             }
             if entry.conn.is_closed() {
-                closed_after = Some(idled);
+                closed_since = Some(entry.since);
                 continue;
             }
-            break Some((entry.conn, idled));
+            break Some((entry.conn, entry.since));
         };
         drop(conns);
-        if let Some(idled) = closed_after {
-            self.closed_after(idled);
+        if let Some(since) = closed_since {
+            self.closed_after(since.elapsed());
         }
         found
     }
@@ -104,18 +113,20 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         if conn.is_closed() {
             return;
         }
-        let keep = conn.keep().map_or(IDLE_TIMEOUT, |k| k.min(IDLE_TIMEOUT));
+        let keep = match conn.keep() {
+            Some(keep) if keep < IDLE_TIMEOUT => {
+                self.timed.store(true, Ordering::Relaxed);
+                keep
+            }
+            _ => IDLE_TIMEOUT,
+        };
         if keep.is_zero() {
             return;
         }
         let since = Instant::now();
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         if conns.len() < self.max {
-            conns.push(Entry {
-                conn,
-                since,
-                until: since + keep,
-            });
+            conns.push(Entry { conn, since, keep });
         }
     }
 
@@ -129,6 +140,7 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         let limit = nanos(idled / 2);
         let before = self.learned.fetch_min(limit, Ordering::Relaxed);
         if limit < before {
+            self.timed.store(true, Ordering::Relaxed);
             tracing::debug!(
                 idle_limit_ms = limit / 1_000_000,
                 "the app closes idle connections: not reusing one idle for longer"
@@ -148,7 +160,7 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         conns.retain(|entry| {
             let idled = now.saturating_duration_since(entry.since);
-            if now >= entry.until || idled > learned {
+            if idled >= entry.keep || idled > learned {
                 return false;
             }
             if entry.conn.is_closed() {
@@ -303,8 +315,8 @@ mod tests {
         assert_eq!(idle.learned(), Duration::from_secs(1));
         idle.put(conn(2));
         tokio::time::sleep(Duration::from_millis(900)).await;
-        let (c, idled) = idle.take().unwrap();
-        assert_eq!((c.port, idled), (2, Duration::from_millis(900)));
+        let (c, since) = idle.take().unwrap();
+        assert_eq!((c.port, since.elapsed()), (2, Duration::from_millis(900)));
         idle.put(conn(3));
         tokio::time::sleep(Duration::from_millis(1001)).await;
         assert!(idle.take().is_none(), "past the learned limit");

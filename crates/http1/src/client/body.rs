@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
-use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, Uploading, parse};
+use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, parse};
 use crate::pool::Idle;
 use crate::wire::chunked::{self, Decoded};
 
@@ -42,10 +42,9 @@ pub enum ResponseBodyError {
 /// is closed, and the client's body let go of).
 #[derive(Debug)]
 pub struct ResponseBody {
-    /// The connection, until the body has ended.
+    /// The connection, until the body has ended (with the rest of the
+    /// request body, if it is still being written).
     conn: Option<ClientConn>,
-    /// The rest of the request body, still being written.
-    upload: Option<Box<dyn Uploading>>,
     /// Where the connection goes back, when it may be reused.
     idle: Option<Arc<Idle<ClientConn>>>,
     /// Bytes read and not yet passed on.
@@ -60,19 +59,17 @@ pub struct ResponseBody {
 
 impl ResponseBody {
     /// The body of `head`, read over `conn` (what came after the head is
-    /// in its buffer), while `upload`, if any, is written on; an empty body
-    /// gives the connection back at once. Without `idle`, the connection
-    /// is closed at the body's end.
+    /// in its buffer), while what is left of the request body, if any, is
+    /// written on; an empty body gives the connection back at once.
+    /// Without `idle`, the connection is closed at the body's end.
     pub fn new(
         mut conn: ClientConn,
         head: &ResponseHead,
         idle: Option<Arc<Idle<ClientConn>>>,
-        upload: Option<Box<dyn Uploading>>,
     ) -> Self {
         let buf = std::mem::take(&mut conn.buf);
         let mut body = ResponseBody {
             conn: Some(conn),
-            upload,
             idle: idle.filter(|_| head.keep_alive),
             buf,
             small: head.one_read,
@@ -91,7 +88,7 @@ impl ResponseBody {
         let conn = self.conn.take();
         if let (Some(mut conn), Some(idle)) = (conn, self.idle.take())
             && self.buf.is_empty()
-            && self.upload.take().is_none()
+            && conn.upload.is_none()
         {
             if self.small {
                 conn.buf = std::mem::take(&mut self.buf);
@@ -100,21 +97,23 @@ impl ResponseBody {
         }
         self.buf = BytesMut::new();
         self.framing = Decoding::Length(0);
-        self.upload = None;
     }
 
     /// Writes on what is left of the request body, as the socket takes it.
+    #[cold]
     fn poll_upload(&mut self, cx: &mut Context<'_>) {
-        let (Some(upload), Some(conn)) = (&mut self.upload, &mut self.conn) else {
+        let Some(conn) = &mut self.conn else { return };
+        let link = &mut *conn.0;
+        let Some(upload) = &mut link.upload else {
             return;
         };
-        match upload.poll_upload(&mut conn.tcp, cx) {
+        match upload.poll_upload(&mut link.tcp, cx) {
             Poll::Pending => {}
-            Poll::Ready(Ok(())) => self.upload = None,
+            Poll::Ready(Ok(())) => link.upload = None,
             Poll::Ready(Err(e)) => {
                 tracing::debug!(error = %e, "the rest of the request body could not be written");
                 // The connection is in the middle of a request: not reused.
-                self.upload = None;
+                link.upload = None;
                 self.idle = None;
             }
         }
@@ -208,7 +207,7 @@ impl http_body::Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = self.get_mut();
-        if this.upload.is_some() {
+        if this.conn.as_ref().is_some_and(|c| c.upload.is_some()) {
             this.poll_upload(cx);
         }
         let polled = match this.framing {
@@ -297,7 +296,6 @@ pub fn read_answer(bytes: &[u8], head: bool) -> Result<AppAnswer, ExchangeError>
     };
     let mut body = ResponseBody {
         conn: None,
-        upload: None,
         idle: None,
         buf,
         small: false,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::net::TcpStream;
 
+use super::Uploading;
 use crate::pool::Pooled;
 
 /// An HTTP/1.1 connection to the app that qproxy speaks itself. It lives
@@ -26,9 +27,13 @@ pub struct ClientLink {
     /// has served a response whose head and body came in one read, that
     /// read's memory, used again when nothing holds it any more.
     pub(crate) buf: BytesMut,
-    /// How long it may wait idle after its last response, as the app
-    /// announced it (`None`: as long as qproxy keeps any).
-    pub(crate) keep: Option<Duration>,
+    /// How long it may wait idle after its last response, in
+    /// milliseconds, as the app announced it (0: as long as qproxy keeps
+    /// any).
+    pub(crate) keep_ms: u32,
+    /// The rest of a request body, still being written when its response
+    /// came (written on by the response's body).
+    pub(crate) upload: Option<Box<dyn Uploading>>,
 }
 
 impl std::ops::Deref for ClientConn {
@@ -52,7 +57,8 @@ impl ClientConn {
             tcp,
             local,
             buf: BytesMut::new(),
-            keep: None,
+            keep_ms: 0,
+            upload: None,
         }))
     }
 
@@ -71,7 +77,7 @@ impl ClientConn {
 
 impl Pooled for ClientConn {
     fn keep(&self) -> Option<Duration> {
-        self.0.keep
+        (self.0.keep_ms > 0).then(|| Duration::from_millis(u64::from(self.0.keep_ms)))
     }
 
     /// An idle connection the app has closed (or written to unasked) reads

@@ -97,8 +97,8 @@ pub enum Payload<B> {
 /// on another.
 #[derive(Debug)]
 pub struct Outgoing<B> {
-    /// The head, as hyper writes it.
-    head: Bytes,
+    /// The head, as hyper writes it (empty when an upload holds it).
+    head: Vec<u8>,
     /// A body read whole (empty for none), let go of once written.
     whole: Bytes,
     /// A body streamed from the client (boxed: the common request has
@@ -126,9 +126,13 @@ where
     /// the request's `Content-Length`, or goes in chunks
     /// (`Transfer-Encoding: chunked` last in the head), as Go's transport
     /// sends a body whose length it does not know.
-    pub fn new(parts: &http::request::Parts, payload: Payload<B>) -> Self {
+    ///
+    /// The method is taken from `parts` (left `GET`); the rest is left as
+    /// it is, for the caller to reuse.
+    pub fn new(parts: &mut http::request::Parts, payload: Payload<B>) -> Self {
         let mut head = Vec::with_capacity(256);
         encode(parts, &mut head);
+        let method = std::mem::take(&mut parts.method);
         let whole = match payload {
             Payload::None => Bytes::new(),
             Payload::Whole(body) => body,
@@ -143,10 +147,10 @@ where
                 };
                 let upload = Upload::new(Bytes::from(head), body, framing);
                 return Outgoing {
-                    head: Bytes::new(),
+                    head: Vec::new(),
                     whole: Bytes::new(),
                     stream: Some(Box::new(upload)),
-                    method: parts.method.clone(),
+                    method,
                     written: false,
                     heard: false,
                     has_body: true,
@@ -154,9 +158,9 @@ where
             }
         };
         Outgoing {
-            head: Bytes::from(head),
+            head,
             stream: None,
-            method: parts.method.clone(),
+            method,
             written: false,
             heard: false,
             has_body: !whole.is_empty(),
@@ -244,8 +248,9 @@ pub struct ResponseHead {
     pub headers: HeaderMap,
     framing: Decoding,
     keep_alive: bool,
-    /// How long the connection may wait idle, from the app's `Keep-Alive`.
-    keep: Option<Duration>,
+    /// How long the connection may wait idle, in milliseconds, from the
+    /// app's `Keep-Alive` (0: it said nothing).
+    keep_ms: u32,
     /// The head came in one read, and so did what of the body came with
     /// it.
     one_read: bool,
@@ -262,24 +267,15 @@ enum Decoding {
     Eof,
 }
 
-/// What [`exchange`] got: the response head, and the rest of a streamed
-/// request body when the app answered before reading all of it.
-#[derive(Debug)]
-pub struct Exchanged<B> {
-    /// The final response head (or `101`).
-    pub head: ResponseHead,
-    /// What is left to write of the request body, if anything.
-    pub upload: Option<Box<Upload<B>>>,
-}
-
 /// Sends `out` on `conn` (a head and a whole body in one write when the
 /// socket takes them; a streamed body as it comes, the head with its first
 /// frame) and reads the response's head, its header map `headers` (empty;
 /// taken for the head, left otherwise); what came after the head stays in
 /// the connection's buffer, for the body.
 ///
-/// A streamed body is written on while the head is awaited, and after it
-/// by the response body ([`ResponseBody`]). If the app stops taking it
+/// A streamed body is written on while the head is awaited; what is left
+/// when the head comes stays with the connection, and the response body
+/// ([`ResponseBody`]) writes it on. If the app stops taking it
 /// (closes, or resets), its response is still read; the connection is
 /// then not reused.
 ///
@@ -289,9 +285,9 @@ pub async fn exchange<B>(
     conn: &mut ClientConn,
     out: &mut Outgoing<B>,
     headers: &mut HeaderMap,
-) -> Result<Exchanged<B>, ExchangeError>
+) -> Result<ResponseHead, ExchangeError>
 where
-    B: http_body::Body<Data = Bytes> + Unpin,
+    B: http_body::Body<Data = Bytes> + Unpin + Send + std::fmt::Debug + 'static,
     B::Error: Into<BoxError>,
 {
     if out.stream.is_none() {
@@ -307,19 +303,14 @@ where
     let mut head = poll_fn(|cx| {
         loop {
             if uploading && let Some(upload) = out.stream.as_mut() {
-                match upload.poll_write(&mut link.tcp, &mut out.written, cx) {
-                    Poll::Ready(Ok(())) => uploading = false,
-                    Poll::Ready(Err(UploadError::Io(e))) => {
-                        if !out.written {
-                            return Poll::Ready(Err(ExchangeError::Io(e)));
-                        }
-                        // The app stopped reading: its answer may still
-                        // come.
+                match poll_upload(upload, &mut link.tcp, &mut out.written, cx) {
+                    Uploaded::Done => uploading = false,
+                    Uploaded::Broke => {
                         uploading = false;
                         upload_broke = true;
                     }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::Upload(e))),
-                    Poll::Pending => {}
+                    Uploaded::Failed(e) => return Poll::Ready(Err(e)),
+                    Uploaded::Pending => {}
                 }
             }
             if !link.buf.is_empty() {
@@ -344,12 +335,50 @@ where
         }
     })
     .await?;
-    let upload = if uploading { out.stream.take() } else { None };
+    if uploading && let Some(upload) = out.stream.take() {
+        link.upload = Some(upload);
+    }
     if upload_broke {
         head.keep_alive = false;
     }
-    link.keep = head.keep;
-    Ok(Exchanged { head, upload })
+    link.keep_ms = head.keep_ms;
+    Ok(head)
+}
+
+/// What [`poll_upload`] did.
+enum Uploaded {
+    /// The body is written whole.
+    Done,
+    /// The app stopped reading it, after some of it was written: its
+    /// answer may still come.
+    Broke,
+    /// It failed: the exchange fails.
+    Failed(ExchangeError),
+    /// More is to come.
+    Pending,
+}
+
+/// Writes what there is of a streamed body, while the answer is awaited:
+/// out of line, as most requests stream nothing.
+#[cold]
+#[inline(never)]
+fn poll_upload<B>(
+    upload: &mut Upload<B>,
+    tcp: &mut TcpStream,
+    written: &mut bool,
+    cx: &mut std::task::Context<'_>,
+) -> Uploaded
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    match upload.poll_write(tcp, written, cx) {
+        Poll::Ready(Ok(())) => Uploaded::Done,
+        Poll::Ready(Err(UploadError::Io(e))) if !*written => Uploaded::Failed(ExchangeError::Io(e)),
+        Poll::Ready(Err(UploadError::Io(_))) => Uploaded::Broke,
+        Poll::Ready(Err(e)) => Uploaded::Failed(ExchangeError::Upload(e)),
+        Poll::Pending => Uploaded::Pending,
+    }
 }
 
 /// Writes `first`, then `second`, with vectored writes: no copy of either.
@@ -441,7 +470,7 @@ fn parse(
     headers.reserve(count);
     let mut close = false;
     // What the app announced in `Keep-Alive`.
-    let mut keep = None;
+    let mut keep_ms = 0;
     let mut never = false;
     // What frames the body, noted on the way rather than looked up after.
     let mut coded: Option<bool> = None;
@@ -465,8 +494,11 @@ fn parse(
                     length = add_length(known, &value).map(|()| *known);
                 }
             }
-            _ if name.as_str() == "keep-alive" => match keep_alive_limit(&value) {
-                Some(KeepAlive::For(d)) => keep = Some(keep.map_or(d, |k: Duration| k.min(d))),
+            _ if name == KEEP_ALIVE => match keep_alive_limit(&value) {
+                Some(KeepAlive::For(d)) => {
+                    let ms = u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1);
+                    keep_ms = if keep_ms == 0 { ms } else { keep_ms.min(ms) };
+                }
                 Some(KeepAlive::Never) => never = true,
                 None => {}
             },
@@ -482,10 +514,14 @@ fn parse(
         framing,
         // An upgraded connection is the upgrade's; this one is not reused.
         keep_alive: keep_alive && !never && status != StatusCode::SWITCHING_PROTOCOLS,
-        keep,
+        keep_ms,
         one_read: false,
     }))
 }
+
+/// `Keep-Alive`, which `http` has no constant for: a custom name, so that
+/// a standard one compares unequal at its first byte.
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// What a `Keep-Alive` field says of the connection's reuse.
 #[derive(Debug, PartialEq, Eq)]
@@ -650,10 +686,10 @@ mod tests {
     /// The head of `req` with `payload`, as it goes out (held with the
     /// upload's first frame, for a streamed body).
     fn head_of(req: http::Request<()>, payload: Payload<http_body_util::Empty<Bytes>>) -> String {
-        let out = Outgoing::new(&req.into_parts().0, payload);
+        let out = Outgoing::new(&mut req.into_parts().0, payload);
         let head = match &out.stream {
             Some(upload) => upload.head().clone(),
-            None => out.head.clone(),
+            None => Bytes::from(out.head.clone()),
         };
         String::from_utf8(head.to_vec()).unwrap()
     }
@@ -707,7 +743,7 @@ mod tests {
             &Method::HEAD,
         )
         .unwrap();
-        assert_eq!(head.keep, Some(Duration::from_millis(1500)), "the shortest");
+        assert_eq!(head.keep_ms, 1500, "the shortest");
         assert!(head.keep_alive);
         let (head, _) = parsed(
             b"HTTP/1.1 200 OK\r\nkeep-alive: max=0\r\n\r\n",

@@ -47,8 +47,7 @@ use super::h2c;
 use crate::common::body::{Content, RequestBody};
 use crate::proxy::body::ProxyBody;
 use qproxy_http1::client::{
-    ClientConn, ExchangeError, Exchanged, Outgoing, Payload, ResponseBody, ResponseHead,
-    UploadError, Uploading, exchange,
+    ClientConn, ExchangeError, Outgoing, Payload, ResponseBody, ResponseHead, UploadError, exchange,
 };
 use qproxy_http1::pool::Idle;
 use qproxy_http1::server::Rewind;
@@ -116,20 +115,20 @@ impl Upstream {
         // Once sent again after the app dropped it: on a new connection.
         let mut fresh = false;
         loop {
-            let (conn, idled) = match (!fresh).then(|| self.idle.take()).flatten() {
-                Some((conn, idled)) => (conn, Some(idled)),
+            let (conn, idle_since) = match (!fresh).then(|| self.idle.take()).flatten() {
+                Some((conn, since)) => (conn, Some(since)),
                 None => (self.dial().await?, None),
             };
             let err = match self.exchange_on(conn, &mut out, &mut headers, false).await {
                 Ok(answer) => return Ok(answer),
                 Err(err) => err,
             };
-            let Some(idled) = idled else {
+            let Some(since) = idle_since else {
                 return Err(err);
             };
             if !out.was_heard() && err.is_dropped_connection() {
                 // The app closed a connection that had idled this long.
-                self.idle.closed_after(idled);
+                self.idle.closed_after(since.elapsed());
             }
             if out.is_unsent() {
                 tracing::debug!(error = %err, "an idle connection to the app was closed before the request was written; sending on another");
@@ -174,8 +173,8 @@ impl Upstream {
         headers: &mut HeaderMap,
         connect: bool,
     ) -> Result<Answer, UpstreamError> {
-        let Exchanged { head, upload } = match exchange(&mut conn, out, headers).await {
-            Ok(exchanged) => exchanged,
+        let head = match exchange(&mut conn, out, headers).await {
+            Ok(head) => head,
             Err(err) => return Err(self.exchange_error(err, &conn)),
         };
         if head.status == StatusCode::SWITCHING_PROTOCOLS || connect && head.status.is_success() {
@@ -183,9 +182,8 @@ impl Upstream {
             let res = response(head, ());
             return Ok(Answer::Switched(Box::new((res, Rewind::new(tcp, ahead)))));
         }
-        let upload = upload.map(|u| u as Box<dyn Uploading>);
         let idle = (!connect).then(|| self.idle.clone());
-        let body = ResponseBody::new(conn, &head, idle, upload);
+        let body = ResponseBody::new(conn, &head, idle);
         Ok(Answer::Response(response(head, ProxyBody::App(body))))
     }
 
@@ -266,7 +264,7 @@ impl Http1Request {
             Content::Full(mut whole) => Payload::Whole(whole.take()),
             content => Payload::Stream(RequestBody::new(content, body.facts)),
         };
-        let out = Outgoing::new(&parts, payload);
+        let out = Outgoing::new(&mut parts, payload);
         parts.headers.clear();
         Self {
             out,
