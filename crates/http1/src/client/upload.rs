@@ -255,7 +255,8 @@ where
 /// The rest of a request body, still being written when the app's
 /// response came: the response's body writes it on while it is read.
 pub trait Uploading: Send + std::fmt::Debug {
-    /// [`Upload::poll_write`].
+    /// Writes what the app can take of the rest of the body; ready once
+    /// all of it, and its end, are written.
     fn poll_upload(
         &mut self,
         tcp: &mut TcpStream,
