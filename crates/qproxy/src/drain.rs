@@ -12,6 +12,11 @@
 //! - completes once a *quiet period* (30 s in Knative) has passed with no
 //!   request arriving; each request starts the period again.
 //!
+//! Once a drain has lasted a whole quiet period the endpoints have
+//! changed everywhere; a request still arriving came over a connection
+//! opened before, and its answer closes that connection, so that its
+//! client dials again and reaches a pod that stays.
+//!
 //! Only then are the listeners closed; [`Shutdown`] runs that whole way
 //! out. [`Drainer::reset`] calls a drain off (the `/wait-for-drain` hook
 //! uses it when no `SIGTERM` follows).
@@ -46,6 +51,8 @@ struct DrainerState {
     /// When the latest request arrived during a drain, in nanoseconds since
     /// `epoch`.
     last_request: AtomicU64,
+    /// When the drain under way started, in nanoseconds since `epoch`.
+    started: AtomicU64,
     /// The drain under way, if any.
     run: Mutex<Option<Run>>,
 }
@@ -67,6 +74,7 @@ impl Drainer {
                 epoch: Instant::now(),
                 draining: AtomicBool::new(false),
                 last_request: AtomicU64::new(0),
+                started: AtomicU64::new(0),
                 run: Mutex::new(None),
             }),
         }
@@ -80,6 +88,17 @@ impl Drainer {
     /// Whether a drain has started (and not been reset): health checks fail.
     pub(crate) fn is_draining(&self) -> bool {
         self.inner.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether the drain under way has lasted a whole quiet period: the
+    /// time Knative allows the pod's leaving to reach every client that
+    /// routes by the endpoints.
+    pub(crate) fn has_settled(&self) -> bool {
+        let inner = &self.inner;
+        let lasted = inner
+            .since_epoch()
+            .saturating_sub(inner.started.load(Ordering::Relaxed));
+        self.is_draining() && Duration::from_nanos(lasted) >= inner.quiet
     }
 
     /// Notes that a request arrived: during a drain, the quiet period
@@ -123,9 +142,9 @@ impl Drainer {
 
     fn start(&self) -> (Run, watch::Receiver<bool>) {
         let inner = &self.inner;
-        inner
-            .last_request
-            .store(inner.since_epoch(), Ordering::Relaxed);
+        let now = inner.since_epoch();
+        inner.last_request.store(now, Ordering::Relaxed);
+        inner.started.store(now, Ordering::Relaxed);
         inner.draining.store(true, Ordering::Relaxed);
         let (finished, done) = watch::channel(false);
         let (reset, mut was_reset) = oneshot::channel::<()>();
@@ -258,6 +277,26 @@ mod tests {
         drainer.request_arrived();
         drain.await;
         assert_eq!(start.elapsed(), Duration::from_secs(40) + QUIET);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_settles_a_quiet_period_after_it_starts_whatever_arrives() {
+        let drainer = Drainer::new(QUIET);
+        assert!(!drainer.has_settled());
+        let mut drain = Box::pin(drainer.drain());
+        assert!(pending(&mut drain).await);
+        tokio::time::advance(QUIET - Duration::from_secs(1)).await;
+        drainer.request_arrived();
+        assert!(!drainer.has_settled());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drainer.request_arrived();
+        assert!(drainer.has_settled(), "requests keep the drain open");
+        assert!(pending(&mut drain).await);
+        drainer.reset();
+        assert!(!drainer.has_settled());
+        let mut again = Box::pin(drainer.drain());
+        assert!(pending(&mut again).await);
+        assert!(!drainer.has_settled(), "a new drain starts over");
     }
 
     #[tokio::test(start_paused = true)]

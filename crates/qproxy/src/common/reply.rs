@@ -74,6 +74,10 @@ pin_project! {
     pub(crate) enum Answering<F> {
         /// Passed on to the inner service.
         Inner { #[pin] inner: F },
+        /// Passed on to the inner service, its response made the
+        /// connection's last (`Connection: close`) unless it switches
+        /// protocols.
+        Last { #[pin] inner: F },
         /// Answered here; taken once polled.
         Now { res: Option<Response<ReplyBody>> },
         /// Answered here, once the answer is made.
@@ -85,6 +89,11 @@ impl<F> Answering<F> {
     /// The inner service's response.
     pub(crate) fn inner(inner: F) -> Self {
         Answering::Inner { inner }
+    }
+
+    /// The inner service's response, the last on its connection.
+    pub(crate) fn last(inner: F) -> Self {
+        Answering::Last { inner }
     }
 
     /// `res`, at once.
@@ -112,6 +121,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let res = match self.project() {
             AnsweringProj::Inner { inner } => return inner.poll(cx),
+            AnsweringProj::Last { inner } => {
+                let mut answer = std::task::ready!(inner.poll(cx));
+                if let Ok(res) = &mut answer
+                    && res.status() != StatusCode::SWITCHING_PROTOCOLS
+                {
+                    res.headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                }
+                return Poll::Ready(answer);
+            }
             // Polled again after it completed: it never completes again.
             AnsweringProj::Now { res } => match res.take() {
                 Some(res) => res,

@@ -12,6 +12,12 @@
 //!   empty `200` echoing `K-Network-Hash` (`400` without one), or
 //!   `503 shutting down` while draining.
 //! - Every other request restarts the drain's quiet period and goes on.
+//!   Once a drain has lasted a whole quiet period, an HTTP/1 request's
+//!   answer closes its connection (`Connection: close`): whoever still
+//!   sends here then holds a connection opened before the endpoints
+//!   changed (one a Service's cluster IP pinned to this pod, say), and
+//!   dials again, reaching a pod that stays. Go's queue-proxy keeps such
+//!   a connection, and the pod, until the kubelet kills it.
 //!
 //! Neither kind reaches the user container or the autoscaler's stats. A
 //! request that carries only `K-Kubelet-Probe` is not a health check here
@@ -22,7 +28,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
 use tower::{Layer, Service};
 
 use crate::common::body::ReplyBody;
@@ -96,6 +102,12 @@ where
         match facts(&req).health() {
             HealthKind::Other => {
                 self.drainer.request_arrived();
+                if self.drainer.is_draining()
+                    && req.version() < Version::HTTP_2
+                    && self.drainer.has_settled()
+                {
+                    return Answering::last(self.inner.call(req));
+                }
                 Answering::inner(self.inner.call(req))
             }
             _ if self.drainer.is_draining() => Answering::now(http_error(

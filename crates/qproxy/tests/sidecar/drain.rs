@@ -107,29 +107,35 @@ impl Load {
     }
 }
 
+/// One client: requests back to back on a kept-alive connection, dialing
+/// again when an answer closes it, as a pooling client does.
 async fn client(
     main: SocketAddr,
     slow: bool,
     stop: Arc<AtomicBool>,
     answered: Arc<AtomicUsize>,
 ) -> Result<usize, String> {
-    let stream = TcpStream::connect(main).await.map_err(|e| e.to_string())?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let mut n = 0;
+    let mut sender = None;
     while !stop.load(Ordering::SeqCst) {
+        let conn = match sender.as_mut() {
+            Some(conn) => conn,
+            None => sender.insert(dial(main).await?),
+        };
         let path = if slow {
             "/slow".to_owned()
         } else {
             format!("/fast/{n}")
         };
         let req = get(&path, &[("Host", "hello.example.com")]);
-        let res = sender
+        conn.ready().await.map_err(|e| format!("{path}: {e}"))?;
+        let res = conn
             .send_request(req)
             .await
             .map_err(|e| format!("{path}: {e}"))?;
+        if closes(&res) {
+            sender = None;
+        }
         let status = res.status();
         let body = http_body_util::BodyExt::collect(res.into_body())
             .await
@@ -143,6 +149,33 @@ async fn client(
         answered.fetch_add(1, Ordering::SeqCst);
     }
     Ok(n)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<TestBody>;
+
+/// A kept-alive HTTP/1.1 connection to `main`.
+async fn dial(main: SocketAddr) -> Result<Sender, String> {
+    Ok(dial_watched(main).await?.0)
+}
+
+/// A kept-alive HTTP/1.1 connection to `main`, and its task, which ends
+/// when the connection does.
+async fn dial_watched(
+    main: SocketAddr,
+) -> Result<(Sender, tokio::task::JoinHandle<Result<(), hyper::Error>>), String> {
+    let stream = TcpStream::connect(main).await.map_err(|e| e.to_string())?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((sender, tokio::spawn(conn)))
+}
+
+/// Whether `res` is the last answer on its connection.
+fn closes<B>(res: &Response<B>) -> bool {
+    res.headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -211,6 +244,55 @@ async fn sigterm_drains_without_losing_a_request() {
         TcpStream::connect(qp.main).await.is_err(),
         "listener closed"
     );
+}
+
+/// A client still sending on a connection it opened before the drain (one
+/// a Service's cluster IP pinned to this pod, whose endpoints have long
+/// changed) keeps the drain open; once the drain has lasted a quiet
+/// period, the connection's next answer closes it, so that the client
+/// dials again, which elsewhere reaches a pod that stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_still_sending_once_the_drain_settles_is_closed_after_its_answer() {
+    let app = app().await;
+    let mut qp = QProxy::start(app.port(), &[("QPROXY_DRAIN_QUIET_SECONDS", "1")]);
+    let (mut sender, conn) = dial_watched(qp.main).await.unwrap();
+    let mut n = 0;
+    let mut ask = async |sender: &mut Sender| {
+        n += 1;
+        sender
+            .ready()
+            .await
+            .unwrap_or_else(|e| panic!("before /fast/{n}: {e}"));
+        let res = sender
+            .send_request(get(&format!("/fast/{n}"), &[("Host", "hello.example.com")]))
+            .await
+            .unwrap_or_else(|e| panic!("/fast/{n}: {e}"));
+        let closes = closes(&res);
+        assert_eq!(text(res).await, format!("answer to /fast/{n}"));
+        closes
+    };
+    assert!(!ask(&mut sender).await, "kept alive before the drain");
+
+    qp.signal("TERM");
+    wait_health_failing(qp.main).await;
+    let deadline = Instant::now() + DEADLINE;
+    while !ask(&mut sender).await {
+        assert!(
+            Instant::now() < deadline,
+            "the drain never closed the connection"
+        );
+    }
+    // The answer was the connection's last: qproxy closes it.
+    within("the connection's end", conn).await.unwrap().unwrap();
+    assert!(qp.is_running(), "requests kept the drain open");
+
+    // A client dialing again is still served, until it stops.
+    let (mut sender, _conn) = dial_watched(qp.main).await.unwrap();
+    assert!(
+        ask(&mut sender).await,
+        "still settled: the next answer closes too"
+    );
+    assert_eq!(qp.wait_exit().code(), Some(0));
 }
 
 /// `GET /wait-for-drain` on the admin port, answered once the drain ends.
