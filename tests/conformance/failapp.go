@@ -417,3 +417,90 @@ func (a *hangUpApp) counts() (saw, untold int) {
 	}
 	return len(a.started), untold
 }
+
+// crashApp is an app that crashes and comes back on the same port, as one
+// the kubelet restarts: every connection reset, nothing listening for a
+// while, then listening again. It answers each request at once.
+type crashApp struct {
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[*net.TCPConn]bool
+}
+
+func startCrashApp() (*crashApp, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	a := &crashApp{ln: ln, conns: map[*net.TCPConn]bool{}}
+	go a.accept(ln)
+	return a, nil
+}
+
+func (a *crashApp) port() int { return a.ln.Addr().(*net.TCPAddr).Port }
+
+func (a *crashApp) accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		tc := c.(*net.TCPConn)
+		a.mu.Lock()
+		if a.ln != ln {
+			// Accepted as the app crashed: gone with it.
+			a.mu.Unlock()
+			tc.SetLinger(0)
+			tc.Close()
+			continue
+		}
+		a.conns[tc] = true
+		a.mu.Unlock()
+		go a.serve(tc)
+	}
+}
+
+func (a *crashApp) serve(c *net.TCPConn) {
+	defer func() {
+		a.mu.Lock()
+		delete(a.conns, c)
+		a.mu.Unlock()
+		c.Close()
+	}()
+	br := bufio.NewReader(c)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+			return
+		}
+	}
+}
+
+// crash resets every connection and stops listening; after down, the app
+// listens on its port again.
+func (a *crashApp) crash(down time.Duration) error {
+	a.mu.Lock()
+	addr := a.ln.Addr().String()
+	a.ln.Close()
+	a.ln = nil
+	for c := range a.conns {
+		c.SetLinger(0)
+		c.Close()
+	}
+	a.mu.Unlock()
+	// The app's down time, as the kubelet takes to restart it.
+	time.Sleep(down)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.ln = ln
+	a.mu.Unlock()
+	go a.accept(ln)
+	return nil
+}

@@ -40,7 +40,7 @@ func failCases() []failCase {
 	for _, rst := range []bool{false, true} {
 		cases = append(cases, readsAndClosesCase(rst))
 	}
-	cases = append(cases, wedgeCase(), hangUpCase(), drainCase(true), drainCase(false))
+	cases = append(cases, wedgeCase(), appRestartCase(), hangUpCase(), drainCase(true), drainCase(false))
 	return cases
 }
 
@@ -302,6 +302,68 @@ func wedgeCase() failCase {
 				get(after, fmt.Sprintf("w-after-%d", i))
 			}
 			p.set("failed", failed)
+		},
+	}
+}
+
+// appRestartCase: the app crashes under load and comes back on its port
+// half a second later, as one the kubelet restarts. A request that arrives
+// meanwhile has not reached the app; one that was on the app's socket when
+// it crashed may be sent again only by Go's rules.
+func appRestartCase() failCase {
+	return failCase{
+		Name:   "app-restarts",
+		Issues: "-",
+		What: "4 clients, GET and a 64-byte POST in turn, 10 ms apart; the app resets every connection, listens again 500 ms later. " +
+			"A GET may not fail with qproxy: one on the app's socket at the crash is sent again (by Go's rules too), one after it waits",
+		Generations: []string{"current"},
+		QproxyZero:  []string{"failed.get"},
+		Play: func(p *failPlay) {
+			app, err := startCrashApp()
+			if err != nil || p.Start(app.port()) != nil {
+				p.set("setup-failed", 1)
+				return
+			}
+			var answered atomic.Int64
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			for ci := 0; ci < 4; ci++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c := &rawClient{}
+					defer c.close()
+					for i := 0; !stop.Load(); i++ {
+						kind, name := kindGet, "get"
+						if i%2 == 1 {
+							kind, name = kindPost, "post"
+						}
+						status, _ := c.do(kind, fmt.Sprintf("r%d-%d", ci, i), "/")
+						p.add("sent", 1)
+						if status != 200 {
+							p.add("failed", 1)
+							p.add("failed."+name, 1)
+						}
+						answered.Add(1)
+						time.Sleep(10 * time.Millisecond)
+					}
+				}()
+			}
+			waitCount := func(n int64) bool {
+				deadline := time.Now().Add(10 * time.Second)
+				for answered.Load() < n {
+					if time.Now().After(deadline) {
+						return false
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				return true
+			}
+			if !waitCount(40) || app.crash(500*time.Millisecond) != nil || !waitCount(answered.Load()+40) {
+				p.set("setup-failed", 1)
+			}
+			stop.Store(true)
+			wg.Wait()
 		},
 	}
 }

@@ -23,6 +23,13 @@
 //!   it, or whose body was written, is not sent twice (the app may have
 //!   acted on it).
 //!
+//! A dial the app refuses (nothing listens: the app has crashed, and the
+//! kubelet restarts it within about a second) is tried again, with a
+//! growing pause, for up to [`REFUSED_FOR`]: the request has not reached
+//! the app, and need not fail while it comes back. Go's transport answers
+//! `502` at once. An app that stays down gets the same `502`, that much
+//! later.
+//!
 //! An upgrade the app accepts (`101`), and a `CONNECT` it accepts (`2xx`,
 //! on a connection of its own), leaves the connection to the tunnel
 //! ([`Answer::Switched`]).
@@ -54,6 +61,13 @@ use qproxy_http1::server::Rewind;
 
 /// TCP keep-alive on upstream connections (Knative's dialer).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// How long dials the app refuses are tried again.
+pub(crate) const REFUSED_FOR: Duration = Duration::from_secs(2);
+/// The first pause after a refused dial; each next one doubles, up to
+/// [`REFUSED_PAUSE_MAX`].
+const REFUSED_PAUSE: Duration = Duration::from_millis(5);
+const REFUSED_PAUSE_MAX: Duration = Duration::from_millis(100);
 
 /// An upgraded connection to the app: its socket, and what the app sent
 /// after its `101` (or `2xx`) head, read first.
@@ -287,6 +301,34 @@ fn replayable(req: &Request<RequestBody>) -> bool {
 
 /// A connection of its own to the app (no delay), and its local address.
 async fn dial(addr: SocketAddr) -> Result<(TcpStream, SocketAddr), UpstreamError> {
+    let mut refused = None;
+    let mut pause = REFUSED_PAUSE;
+    loop {
+        let err = match dial_once(addr).await {
+            Ok(dialed) => return Ok(dialed),
+            Err(err) => err,
+        };
+        let UpstreamError::Connect { source, .. } = &err else {
+            return Err(err);
+        };
+        if source.kind() != std::io::ErrorKind::ConnectionRefused {
+            return Err(err);
+        }
+        let now = tokio::time::Instant::now();
+        let until = *refused.get_or_insert_with(|| {
+            tracing::debug!(error = %err, "the app refused a connection; dialing again");
+            now + REFUSED_FOR
+        });
+        if now >= until {
+            return Err(err);
+        }
+        tokio::time::sleep_until((now + pause).min(until)).await;
+        pause = (pause * 2).min(REFUSED_PAUSE_MAX);
+    }
+}
+
+/// One dial of `addr`, `TCP_NODELAY` set.
+async fn dial_once(addr: SocketAddr) -> Result<(TcpStream, SocketAddr), UpstreamError> {
     let connect_error = |source| UpstreamError::Connect { addr, source };
     let tcp = TcpStream::connect(addr).await.map_err(connect_error)?;
     tcp.set_nodelay(true).map_err(connect_error)?;

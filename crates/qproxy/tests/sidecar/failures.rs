@@ -1,5 +1,6 @@
 //! Bad input and broken apps: clear errors, the right status, nothing lost.
 
+use http::Response;
 use qproxy_test_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -38,6 +39,37 @@ async fn app_down_is_502_with_the_cause_logged_once() {
         .filter(|l| l["severity"] == "ERROR")
         .count();
     assert_eq!(errors, 2, "one error line per failed request");
+}
+
+/// A request that arrives while the app is down (crashed, and about to be
+/// restarted by the kubelet) never reached it: it waits for the app to
+/// listen again, for a while, rather than fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_waits_for_an_app_that_comes_back() {
+    let port = closed_port();
+    let mut qp = QProxy::start(port, &[("SERVING_LOGGING_LEVEL", "debug")]);
+    let main = qp.main;
+    let get_one = tokio::spawn(async move { h1(main, get("/back", &[])).await });
+    let h2_one = tokio::spawn(async move { h2(main, get("http://hello/back", &[])).await });
+    qp.wait_for_log("a refused dial", |l| {
+        l["message"] == "the app refused a connection; dialing again"
+    });
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let _app = App::serve(listener, |req| async move {
+        Response::new(full(format!("answer to {}", req.uri().path())))
+    })
+    .await;
+    for res in [get_one, h2_one] {
+        let res = within("the answer", res).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(text(res).await, "answer to /back");
+    }
+    assert!(
+        !qp.stop_and_collect_logs()
+            .iter()
+            .any(|l| l["severity"] == "ERROR"),
+        "no request failed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
