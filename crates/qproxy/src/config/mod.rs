@@ -112,8 +112,9 @@ pub struct Timeouts {
 /// How long a drain lasts; qproxy's own settings (Knative's are fixed).
 ///
 /// `QPROXY_DRAIN_QUIET_SECONDS` (default 30) is the quiet period: the drain
-/// completes once that long has passed with no request. `0` completes it at
-/// once. `QPROXY_DRAIN_UPGRADED_SECONDS` (default 60) bounds how long, after
+/// completes once that long has passed with no request, and once it has
+/// lasted that long, connections still sending are closed after their next
+/// answer. `0` completes it at once. `QPROXY_DRAIN_UPGRADED_SECONDS` (default 60) bounds how long, after
 /// the listeners close, upgraded connections (WebSockets) may stay open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DrainTimes {
