@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	netv1alpha1 "knative.dev/networking/pkg/apis/networking/v1alpha1"
 	"knative.dev/pkg/ptr"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 	ping "knative.dev/serving/test/test_images/grpc-ping/proto"
@@ -39,6 +40,8 @@ type counts struct {
 	n  map[string]int
 	// Some failures' texts, for the log.
 	samples []string
+	// When each failure was seen.
+	failedAt []time.Time
 }
 
 func newCounts() *counts { return &counts{n: map[string]int{}} }
@@ -47,9 +50,37 @@ func (c *counts) add(name string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.n[name]++
-	if err != nil && len(c.samples) < 10 {
+	if err == nil {
+		return
+	}
+	c.failedAt = append(c.failedAt, time.Now())
+	if len(c.samples) < 10 {
 		c.samples = append(c.samples, name+": "+err.Error())
 	}
+}
+
+// failedSince is how many failures were seen from `t` on.
+func (c *counts) failedSince(t time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, at := range c.failedAt {
+		if !at.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// failureWindow is when the first and the last failure were seen, relative
+// to `zero`.
+func (c *counts) failureWindow(zero time.Time) (time.Duration, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.failedAt) == 0 {
+		return 0, 0
+	}
+	return c.failedAt[0].Sub(zero), c.failedAt[len(c.failedAt)-1].Sub(zero)
 }
 
 // record logs the counts and writes them where tests/cluster/run compares
@@ -317,25 +348,46 @@ func TestRolloutsUnderMixedLoad(t *testing.T) {
 	c.record(t)
 }
 
-// A revision at five pods scales down to one under a steady load.
+// A revision at five pods scales down to one under a steady load. The
+// ingress (Traefik's Knative provider) reaches a revision through its
+// Service's cluster IP, so each connection it keeps stays with the pod the
+// cluster IP picked when it opened, terminating or not, and each request
+// on it restarts that pod's drain: Go's queue-proxy serves such a
+// connection until the kubelet kills the pod (at the revision's timeout,
+// 90 s here), and the requests in flight then fail; qproxy closes it once
+// its drain has lasted a quiet period. Which connections land where is the
+// cluster IP's choice; the counts say what the clients saw.
 func TestScaleDownUnderLoad(t *testing.T) {
 	t.Parallel()
 	svc := create(t, service{
-		name:  "scale-down",
-		image: image("helloworld"),
+		name:    "scale-down",
+		image:   image("helloworld"),
+		timeout: 90,
 		annotations: map[string]string{
 			"autoscaling.knative.dev/initial-scale":         "5",
 			"autoscaling.knative.dev/min-scale":             "1",
 			"autoscaling.knative.dev/window":                "6s",
+			"autoscaling.knative.dev/scale-down-delay":      "20s",
 			"autoscaling.knative.dev/target-burst-capacity": "0",
 		},
+	})
+	// The load starts once the ingress reaches the pods themselves, not
+	// the activator.
+	eventually(t, "the activator out of the path", 2*time.Minute, func() (bool, error) {
+		return sksMode(t, svc.revision) == netv1alpha1.SKSOperationModeServe, nil
 	})
 	c := newCounts()
 	stop := make(chan struct{})
 	load := loadHTTP(svc.name, 4, c, stop)
+	start := time.Now()
 	eventually(t, "one pod left, the others gone", 5*time.Minute, func() (bool, error) {
 		return allPods(t, svc.revision) == 1, nil
 	})
+	gone := time.Since(start)
+	t.Logf("one pod left after %s", gone.Round(time.Second))
+	c.mu.Lock()
+	c.n["others-gone-after-s"] = int(gone.Seconds())
+	c.mu.Unlock()
 	close(stop)
 	load.Wait()
 	c.record(t)
@@ -368,7 +420,28 @@ func TestAppCrashUnderLoad(t *testing.T) {
 		return c.n["http.get"] > 20, nil
 	})
 	container := userContainerID(t, pod.Name)
+	appAddr := net.JoinHostPort(pod.Status.PodIP, "8080")
+	killed := time.Now()
 	killContainer(t, container)
+	// When the app listens again, seen from outside the pod, the proxy
+	// aside.
+	var listening time.Time
+	for down, deadline := false, killed.Add(5*time.Minute); listening.IsZero(); {
+		conn, err := net.DialTimeout("tcp", appAddr, time.Second)
+		switch {
+		case err != nil:
+			down = true
+		case down:
+			listening = time.Now()
+		}
+		if conn != nil {
+			conn.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the app did not go down and listen again within 5m (last: %v)", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	eventually(t, "the app restarted and the pod Ready again", 5*time.Minute, func() (bool, error) {
 		got, err := kube.CoreV1().Pods(namespace).Get(context.Background(), pod.Name, metav1.GetOptions{})
 		if err != nil {
@@ -394,6 +467,10 @@ func TestAppCrashUnderLoad(t *testing.T) {
 	})
 	close(stop)
 	load.Wait()
+	first, last := c.failureWindow(killed)
+	t.Logf("the app listened again %s after the kill; failures from %s to %s after it, %d of them once the app listened",
+		listening.Sub(killed).Round(time.Millisecond), first.Round(time.Millisecond),
+		last.Round(time.Millisecond), c.failedSince(listening))
 	c.record(t)
 }
 
