@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
-use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, parse};
+use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
 use crate::pool::Idle;
 use crate::wire::chunked::{self, Decoded};
 
@@ -31,6 +31,12 @@ pub enum ResponseBodyError {
     /// The chunked body or its trailers are not HTTP.
     #[error("invalid chunked response body: {0}")]
     Chunked(&'static str),
+    /// The rest of the request body, written while the response was read,
+    /// failed (the client's body broke off, or the connection did): the
+    /// app waits for a request that will not come whole, so the connection
+    /// is closed and the response ends here, as Go's transport ends it.
+    #[error("the rest of the request body could not be written: {0}")]
+    Upload(#[source] UploadError),
 }
 
 /// A response body read from an [`ClientConn`], which goes back to `idle`
@@ -101,20 +107,23 @@ impl ResponseBody {
 
     /// Writes on what is left of the request body, as the socket takes it.
     #[cold]
-    fn poll_upload(&mut self, cx: &mut Context<'_>) {
-        let Some(conn) = &mut self.conn else { return };
+    fn poll_upload(&mut self, cx: &mut Context<'_>) -> Result<(), UploadError> {
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
         let link = &mut *conn.0;
         let Some(upload) = &mut link.upload else {
-            return;
+            return Ok(());
         };
         match upload.poll_upload(&mut link.tcp, cx) {
-            Poll::Pending => {}
-            Poll::Ready(Ok(())) => link.upload = None,
-            Poll::Ready(Err(e)) => {
-                tracing::debug!(error = %e, "the rest of the request body could not be written");
-                // The connection is in the middle of a request: not reused.
+            Poll::Pending => Ok(()),
+            Poll::Ready(Ok(())) => {
                 link.upload = None;
-                self.idle = None;
+                Ok(())
+            }
+            Poll::Ready(Err(e)) => {
+                link.upload = None;
+                Err(e)
             }
         }
     }
@@ -207,8 +216,12 @@ impl http_body::Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = self.get_mut();
-        if this.conn.as_ref().is_some_and(|c| c.upload.is_some()) {
-            this.poll_upload(cx);
+        if this.conn.as_ref().is_some_and(|c| c.upload.is_some())
+            && let Err(e) = this.poll_upload(cx)
+        {
+            // The connection is in the middle of a request: closed.
+            this.close();
+            return Poll::Ready(Some(Err(ResponseBodyError::Upload(e))));
         }
         let polled = match this.framing {
             Decoding::Length(0) => return Poll::Ready(None),

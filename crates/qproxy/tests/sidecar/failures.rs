@@ -72,6 +72,47 @@ async fn a_request_waits_for_an_app_that_comes_back() {
     );
 }
 
+/// An app that answers at once and echoes the request body as it comes;
+/// the client's body breaks off (its write side shut) after five of ten
+/// bytes. The app would wait for the rest forever: qproxy closes the
+/// connection to it, and the client's connection ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_body_cut_while_the_app_streams_its_answer_ends_both() {
+    let app = App::start(|req| async move {
+        use http_body_util::BodyExt;
+        Response::new(req.into_body().map_err(Into::into).boxed())
+    })
+    .await;
+    let qp = QProxy::start(app.port(), &[]);
+    let mut client = TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: hello\r\nContent-Length: 10\r\n\r\nhello")
+        .await
+        .unwrap();
+    // The app's answer starts, echoing what it has.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !seen.windows(5).any(|w| w == b"hello") {
+        let n = within("the echo", client.read(&mut buf)).await.unwrap();
+        assert!(
+            n > 0,
+            "closed before the echo: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(seen.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    client.shutdown().await.unwrap();
+    // The connection ends: the response cannot.
+    loop {
+        match within("the connection's end", client.read(&mut buf)).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    assert!(qp_alive(&qp).await);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn app_resetting_the_connection_is_502() {
     let port = raw_app(|mut s| async move {
