@@ -78,7 +78,7 @@ pub(crate) struct Facts {
 
 /// How a request is a probe, as knative.dev/networking decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Probe {
+pub(crate) enum ProbeKind {
     /// Not a probe.
     No,
     /// A network probe: any non-empty `K-Network-Probe`.
@@ -117,24 +117,24 @@ impl Facts {
 
     /// Whether, and how, Knative counts the request as a probe (kept out
     /// of request metrics, stats and, unless asked, request logs).
-    pub(crate) fn probe(self) -> Probe {
+    pub(crate) fn probe(self) -> ProbeKind {
         if self.has(bit::KUBE_PROBE_AGENT | bit::KUBELET_FIELD) {
-            Probe::Kubelet
+            ProbeKind::Kubelet
         } else if self.has(bit::NETWORK_FIELD) {
-            Probe::Network
+            ProbeKind::Network
         } else {
-            Probe::No
+            ProbeKind::No
         }
     }
 
     /// Whether the request is any probe.
     pub(crate) fn is_probe(self) -> bool {
-        self.probe() != Probe::No
+        self.probe() != ProbeKind::No
     }
 
     /// Whether the request is a kubelet probe.
     pub(crate) fn is_kubelet_probe(self) -> bool {
-        self.probe() == Probe::Kubelet
+        self.probe() == ProbeKind::Kubelet
     }
 
     /// What the request is to the health layer: Knative's drainer has a
@@ -321,27 +321,30 @@ mod tests {
     fn probes_are_told_by_their_first_fields() {
         assert_eq!(
             of(&[("user-agent", "kube-probe/1")]).probe(),
-            Probe::Kubelet
+            ProbeKind::Kubelet
         );
-        assert_eq!(of(&[("k-kubelet-probe", "1")]).probe(), Probe::Kubelet);
-        assert_eq!(of(&[("k-kubelet-probe", "")]).probe(), Probe::No);
-        assert_eq!(of(&[("user-agent", "curl")]).probe(), Probe::No);
+        assert_eq!(of(&[("k-kubelet-probe", "1")]).probe(), ProbeKind::Kubelet);
+        assert_eq!(of(&[("k-kubelet-probe", "")]).probe(), ProbeKind::No);
+        assert_eq!(of(&[("user-agent", "curl")]).probe(), ProbeKind::No);
         // The case of a user agent counts.
-        assert_eq!(of(&[("user-agent", "Kube-Probe/1")]).probe(), Probe::No);
-        assert_eq!(of(&[("k-network-probe", "queue")]).probe(), Probe::Network);
-        assert_eq!(of(&[("host", "a")]).probe(), Probe::No);
+        assert_eq!(of(&[("user-agent", "Kube-Probe/1")]).probe(), ProbeKind::No);
+        assert_eq!(
+            of(&[("k-network-probe", "queue")]).probe(),
+            ProbeKind::Network
+        );
+        assert_eq!(of(&[("host", "a")]).probe(), ProbeKind::No);
         // Only a name's first value counts, as Go's `Header.Get` reads it.
         assert_eq!(
             of(&[("user-agent", "curl"), ("user-agent", "kube-probe/1")]).probe(),
-            Probe::No
+            ProbeKind::No
         );
         assert_eq!(
             of(&[("k-network-probe", ""), ("k-network-probe", "probe")]).probe(),
-            Probe::No
+            ProbeKind::No
         );
         assert_eq!(
             of(&[("k-kubelet-probe", "1"), ("k-kubelet-probe", "")]).probe(),
-            Probe::Kubelet
+            ProbeKind::Kubelet
         );
     }
 
