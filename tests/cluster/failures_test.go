@@ -59,6 +59,13 @@ func (c *counts) add(name string, err error) {
 	}
 }
 
+// set sets the count `name`, one that is not a failure.
+func (c *counts) set(name string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[name] = n
+}
+
 // failedSince is how many failures were seen from `t` on.
 func (c *counts) failedSince(t time.Time) int {
 	c.mu.Lock()
@@ -354,7 +361,7 @@ func TestRolloutsUnderMixedLoad(t *testing.T) {
 // cluster IP picked when it opened, terminating or not, and each request
 // on it restarts that pod's drain: Go's queue-proxy serves such a
 // connection until the kubelet kills the pod (at the revision's timeout,
-// 90 s here), and the requests in flight then fail; qproxy closes it once
+// 90 s here), cutting whatever request is then in flight; qproxy closes it once
 // its drain has lasted a quiet period. Which connections land where is the
 // cluster IP's choice; the counts say what the clients saw.
 func TestScaleDownUnderLoad(t *testing.T) {
@@ -385,9 +392,7 @@ func TestScaleDownUnderLoad(t *testing.T) {
 	})
 	gone := time.Since(start)
 	t.Logf("one pod left after %s", gone.Round(time.Second))
-	c.mu.Lock()
-	c.n["others-gone-after-s"] = int(gone.Seconds())
-	c.mu.Unlock()
+	c.set("others-gone-after-s", int(gone.Seconds()))
 	close(stop)
 	load.Wait()
 	c.record(t)
