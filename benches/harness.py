@@ -282,7 +282,7 @@ def with_knative_certs(certs, argv):
 def knative_env(user_port, main_port, cc=0, metrics=True):
     """A default Knative revision's sidecar environment (the file qproxy's
     tests and the conformance runner read), on the harness's ports."""
-    with open(os.path.join(ROOT, "crates", "qproxy", "knative-env.json")) as f:
+    with open(os.path.join(ROOT, "crates", "core", "knative-env.json")) as f:
         file = json.load(f)
     env = {**file["common"], **file["classic"]}
     env.update({

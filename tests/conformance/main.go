@@ -43,7 +43,7 @@ type Generation struct {
 
 // knativeEnvFile holds what a default Knative install gives a revision's
 // sidecar; qproxy's tests and the benchmark harness read it too.
-const knativeEnvFile = "../../crates/qproxy/knative-env.json"
+const knativeEnvFile = "../../crates/core/knative-env.json"
 
 // defaultEnv is what a default install of Knative's generation gen gives a
 // revision's sidecar, with the app on userPort. Current Knative's stock

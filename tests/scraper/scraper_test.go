@@ -74,10 +74,10 @@ func podAccessor() resources.PodAccessor {
 }
 
 // knativeEnv is the environment a default install of classic Knative gives
-// a revision's sidecar (crates/qproxy/knative-env.json, which qproxy's own
+// a revision's sidecar (crates/core/knative-env.json, which qproxy's own
 // tests read too), with overrides, as a process environment.
 func knativeEnv(t *testing.T, overrides map[string]string) []string {
-	raw, err := os.ReadFile("../../crates/qproxy/knative-env.json")
+	raw, err := os.ReadFile("../../crates/core/knative-env.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,20 +4,20 @@
 //! Like Knative's, it answers as Go's `http.ServeMux` with one route:
 //! `/wait-for-drain`, any method, drains (see [`Admin`]); anything else is
 //! `404 page not found`. The other small servers are the autoscaler's
-//! [stats](crate::stats), the [request metrics](crate::observe) and
+//! [stats](crate::stats), the [request metrics](qproxy_observe) and
 //! [profiling](crate::profiling).
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::common::body::RequestBody;
 use http::{Request, Response};
+use qproxy_core::body::RequestBody;
 use tokio::sync::watch;
 
-use crate::common::Endpoint;
-use crate::common::body::ReplyBody;
-use crate::common::reply::not_found;
 use crate::drain::Drainer;
+use qproxy_core::Endpoint;
+use qproxy_core::body::ReplyBody;
+use qproxy_core::reply::not_found;
 
 /// Path of the drain hook the user container's preStop calls.
 pub(crate) const WAIT_FOR_DRAIN: &str = "/wait-for-drain";

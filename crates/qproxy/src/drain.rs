@@ -32,8 +32,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::common::go::go_duration;
-use crate::common::tunnel_registry::Tunnels;
+use qproxy_core::go::go_duration;
+use qproxy_core::tunnel_registry::Tunnels;
 
 /// Drains the main port; cheap to clone, every clone is the same drain.
 #[derive(Debug, Clone)]

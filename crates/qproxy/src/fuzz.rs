@@ -14,7 +14,7 @@ use std::time::Duration;
 use http::Request;
 
 use crate::config::{Generation, Revision};
-use crate::observe::request_log::RequestLog;
+use qproxy_observe::request_log::RequestLog;
 
 pub use crate::server::MainPort;
 

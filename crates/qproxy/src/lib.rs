@@ -7,42 +7,40 @@
 //!
 //! The binary (`main.rs`) reads the environment into a [`Config`] and calls
 //! [`run`] on one thread (a Tokio current-thread runtime; a pool when
-//! `QPROXY_WORKERS` asks for one); the rest of the crate is private to it. Inside, from the
-//! bottom up (each module uses only those above it in this list):
+//! `QPROXY_WORKERS` asks for one); the rest of the crate is private to it.
 //!
-//! - `common`: what everything below shares (bodies and their guards,
-//!   Go-shaped answers, the tunnels' registry, Knative's header names, Go's
-//!   formatting, the TLS crypto provider);
+//! Below this crate, and kept there by Cargo: [`qproxy_core`] (what every
+//! layer shares: bodies, a request's facts, Go-shaped answers, header
+//! names, the revision, the generation and qproxy's options),
+//! [`qproxy_observe`] (logs, request metrics, request logs, traces, and the
+//! layers that feed them), and [`qproxy_http1`] (HTTP/1.1, both sides).
+//! Inside, from the bottom up (each module uses only those above it in
+//! this list):
+//!
 //! - [`config`]: the environment contract, parsed once into a [`Config`];
-//! - `observe`: logs in Knative's zap JSON shape, request metrics, request
-//!   logs and traces;
 //! - `readiness`: the user container's readiness probe;
 //! - `drain`: stopping without losing a request;
 //! - `proxy`: the reverse proxy to the user container;
 //! - `tls`: the TLS port's settings, certificate and its reloading;
-//! - `layers`: the main port's request layers, one concern each;
-//! - `stack`: those layers, assembled in Knative's order;
+//! - `layers`: the main port's request layers that answer or change
+//!   requests, one concern each;
+//! - `stack`: those layers and the observers, assembled in Knative's order;
 //! - `admin`, `stats`, `profiling`: the small servers beside the main port;
 //! - [`server`]: listeners, connections, and the whole sidecar's start and
 //!   stop ([`Server`]);
 //! - the crate root's own items: [`run`] and [`shutdown_signal`];
 //! - [`demo`]: a hello app with qproxy in front, for a first look.
 //!
-//! HTTP/1.1 itself, on both sides, is the `qproxy-http1` crate's
-//! ([`qproxy_http1`]), below all of these.
-//!
 //! [`headers`] makes Knative's per-request header rules public, for the
 //! microbenchmarks.
 
 mod admin;
-mod common;
 pub mod config;
 pub mod demo;
 mod drain;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
 mod layers;
-mod observe;
 mod profiling;
 mod proxy;
 mod readiness;
@@ -66,14 +64,14 @@ pub mod headers {
 use std::future::Future;
 
 pub use config::{Config, ConfigError};
-pub use observe::ExportError;
+pub use qproxy_observe::ExportError;
 pub use server::{Addrs, BindError, Error, Server};
 pub use tls::{CertError, TlsError};
 
 /// Sets up logging as `config` asks (Knative's zap JSON lines, at its
 /// level), and logs the warnings the configuration gave.
 pub fn init_logging(config: &Config) {
-    observe::log::init(&config.logging, &config.revision, &config.warnings);
+    qproxy_observe::log::init(&config.logging, &config.revision, &config.warnings);
 }
 
 /// Serves `config` until SIGTERM or SIGINT, then drains and returns.

@@ -22,16 +22,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::common::body::RequestBody;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use http::header::{CONTENT_DISPOSITION, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
 use http::{Request, Response, StatusCode};
 use pprof::protos::Message;
+use qproxy_core::body::RequestBody;
 
-use crate::common::Endpoint;
-use crate::common::body::ReplyBody;
-use crate::common::reply::{http_error, not_found};
+use qproxy_core::Endpoint;
+use qproxy_core::body::ReplyBody;
+use qproxy_core::reply::{http_error, not_found};
 
 /// Path of the CPU profile.
 pub(crate) const PROFILE: &str = "/debug/pprof/profile";

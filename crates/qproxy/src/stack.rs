@@ -31,7 +31,7 @@
 //! in either.
 //!
 //! The layers that only follow a request (logs, spans, metrics, stats,
-//! and the two rewrites) are [`Observe`](crate::layers::observe::Observe)rs:
+//! and the two rewrites) are [`Observe`](qproxy_observe::layers::observe::Observe)rs:
 //! those with no answering layer between them (the drainer, the timeouts,
 //! the breaker) are served as one group, in the table's order, so that a
 //! request is moved into one `call` per group rather than one per layer,
@@ -47,15 +47,13 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use crate::common::body::RequestBody;
 use http::{Request, Response};
+use qproxy_core::body::RequestBody;
 use tower::{Service, ServiceBuilder};
 
 use autoscaler_client::{MonotonicClock, RequestStats};
 use breaker::{Breaker, PermitBody};
 
-use crate::common::Accepted;
-use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Generation, LiveOptions, Timeouts};
 use crate::drain::Drainer;
 use crate::layers::RewriteLayer;
@@ -63,18 +61,20 @@ use crate::layers::concurrency;
 use crate::layers::forwarded::ForwardedShim;
 use crate::layers::health::HealthLayer;
 use crate::layers::host_rewrite::HostRewrite;
-use crate::layers::metrics::MetricsLayer;
-use crate::layers::observe::{ObservedBody, observe};
-use crate::layers::request_log::{LoggedBody, RequestLogLayer};
 use crate::layers::server_rules::ServerRulesLayer;
-use crate::layers::stats::StatsLayer;
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
-use crate::layers::trace::TraceLayer;
 use crate::layers::upgrade::UpgradeHoldLayer;
-use crate::observe::{Extra, Observers};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
+use qproxy_core::Accepted;
+use qproxy_core::tunnel_registry::Tunnels;
+use qproxy_observe::layers::metrics::MetricsLayer;
+use qproxy_observe::layers::observe::{ObservedBody, observe};
+use qproxy_observe::layers::request_log::{LoggedBody, RequestLogLayer};
+use qproxy_observe::layers::stats::StatsLayer;
+use qproxy_observe::layers::trace::TraceLayer;
+use qproxy_observe::{Extra, Observers};
 
 /// The response body of the main port.
 pub(crate) type MainBody = LoggedBody<

@@ -1,7 +1,7 @@
 //! The autoscaler's view of the pod: the `Stat` served on the stats port
 //! (9090), and the loop that renews it every [`REPORTING_PERIOD`].
 //!
-//! The main port's [stats layer](crate::layers::stats) records each
+//! The main port's [stats layer](qproxy_observe::layers::stats) records each
 //! request's arrival and departure; once a period, as Knative's
 //! queue-proxy does with a ticker, the time-weighted figures of the period
 //! become the `Stat` the autoscaler scrapes.
@@ -10,12 +10,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::body::RequestBody;
 use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use http::{Request, Response};
+use qproxy_core::body::RequestBody;
 
-use crate::common::body::ReplyBody;
-use crate::common::{Endpoint, metrics_route};
+use qproxy_core::body::ReplyBody;
+use qproxy_core::{Endpoint, metrics_route};
 
 /// How often the autoscaler's `Stat` is renewed, as in Knative.
 pub(crate) const REPORTING_PERIOD: Duration = Duration::from_secs(1);

@@ -15,33 +15,24 @@
 //! `QPROXY_` and all optional, for running outside a pod (tests, the demo):
 //! see [`Ports`].
 
-mod error;
-mod json;
-mod logging;
-mod observability;
-mod options;
-mod otel;
 mod probe;
 mod tls;
-mod vars;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use error::ConfigError;
-pub use logging::{Level, LevelStyle, LogOutput, LogSampling, Logging, TimeStyle};
-pub use observability::{
-    Classic, Current, DEFAULT_REQUEST_LOG_TEMPLATE, Generation, MetricsBackend, MetricsConfig,
-    MetricsProtocol, Observability, RequestLogConfig, RuntimeConfig, TracingBackend, TracingConfig,
+pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
+pub(crate) use qproxy_core::config::LiveOptions;
+pub use qproxy_core::config::{
+    ANNOTATION_PREFIXES, ConfigError, Generation, Opt, Options, Revision, Vars, knative_defaults,
+};
+pub use qproxy_observe::config::{
+    Classic, Current, DEFAULT_REQUEST_LOG_TEMPLATE, Level, LevelStyle, LogOutput, LogSampling,
+    Logging, MetricsBackend, MetricsConfig, MetricsProtocol, Observability, OtelEnv,
+    RequestLogConfig, RuntimeConfig, TimeStyle, TlsFiles, TracingBackend, TracingConfig,
     TracingProtocol,
 };
-pub(crate) use options::LiveOptions;
-pub use options::{ANNOTATION_PREFIXES, Opt, Options};
-pub use otel::{OtelEnv, TlsFiles};
-pub use probe::{GrpcAction, HttpGetAction, HttpHeader, Probe, ProbePort, TcpSocketAction};
 pub use tls::{TlsSettings, TlsVersion};
-pub use vars::Vars;
 
 /// Where Knative mounts the queue-proxy's TLS certificate and key
 /// (`queue.CertDirectory`).
@@ -55,23 +46,6 @@ pub const KNATIVE_PODINFO_DIR: &str = "/etc/podinfo";
 /// qproxy's own: another directory for the annotations file, for running
 /// outside a pod.
 const PODINFO_DIR: &str = "QPROXY_PODINFO_DIR";
-
-/// Who this queue-proxy serves: the revision and pod it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Revision {
-    /// `SERVING_NAMESPACE`.
-    pub namespace: String,
-    /// `SERVING_SERVICE` (empty for a bare Configuration).
-    pub service: String,
-    /// `SERVING_CONFIGURATION`.
-    pub configuration: String,
-    /// `SERVING_REVISION`.
-    pub name: String,
-    /// `SERVING_POD`.
-    pub pod: String,
-    /// `SERVING_POD_IP`.
-    pub pod_ip: String,
-}
 
 /// Where qproxy listens and where the user container is.
 ///
@@ -236,14 +210,7 @@ impl Config {
 
     /// Reads and validates a given set of variables.
     pub fn from_vars(vars: &Vars) -> Result<Self, ConfigError> {
-        let revision = Revision {
-            namespace: vars.required("SERVING_NAMESPACE")?.to_owned(),
-            service: vars.raw("SERVING_SERVICE")?.unwrap_or_default().to_owned(),
-            configuration: vars.required("SERVING_CONFIGURATION")?.to_owned(),
-            name: vars.required("SERVING_REVISION")?.to_owned(),
-            pod: vars.required("SERVING_POD")?.to_owned(),
-            pod_ip: vars.required("SERVING_POD_IP")?.to_owned(),
-        };
+        let revision = Revision::from_vars(vars)?;
         let ports = Ports {
             main: vars.required_port("QUEUE_SERVING_PORT")?,
             tls: vars.required_port("QUEUE_SERVING_TLS_PORT")?,
@@ -287,7 +254,7 @@ impl Config {
         };
         let workers = Workers::from_vars(vars)?;
         let logging = Logging::from_vars(vars, &mut warnings)?;
-        let observability = observability::from_vars(vars, &mut warnings)?;
+        let observability = qproxy_observe::config::observability_from_vars(vars, &mut warnings)?;
         let tls = TlsSettings::from_vars(vars, observability.generation());
         let cert_dir = vars
             .non_empty(CERT_DIR)?
@@ -329,31 +296,6 @@ impl Config {
             cc => cc as usize,
         }
     }
-}
-
-/// Knative's default environment, shared with the Go and Python tools
-/// (`crates/qproxy/knative-env.json`).
-const KNATIVE_ENV: &str = include_str!("../../knative-env.json");
-
-/// The variables a Knative reconciler of `generation` sets, with the
-/// values of a default install and the app on `user_port`; for tests and
-/// the demo.
-pub fn knative_defaults(generation: Generation, user_port: u16) -> Vars {
-    #[derive(serde::Deserialize)]
-    struct File {
-        common: HashMap<String, String>,
-        classic: HashMap<String, String>,
-        current: HashMap<String, String>,
-    }
-    // The file is part of the build, and a unit test reads it.
-    let file: File = serde_json::from_str(KNATIVE_ENV).expect("knative-env.json is a valid file");
-    let own = match generation {
-        Generation::Classic => file.classic,
-        Generation::Current => file.current,
-    };
-    let mut vars = Vars::from_pairs(file.common.into_iter().chain(own));
-    vars.set("USER_PORT", user_port.to_string());
-    vars
 }
 
 #[cfg(test)]

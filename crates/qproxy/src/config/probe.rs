@@ -126,9 +126,9 @@ impl<'de> Deserialize<'de> for ProbePort {
 /// multi-container probing is on (`ENABLE_MULTI_CONTAINER_PROBES`).
 pub(crate) fn decode(json: &str, multi_container: bool) -> Result<Vec<Probe>, serde_json::Error> {
     if multi_container {
-        super::json::from_json_objects(json)
+        qproxy_core::config::json::from_json_objects(json)
     } else {
-        super::json::from_json_object(json).map(|p| vec![p])
+        qproxy_core::config::json::from_json_object(json).map(|p| vec![p])
     }
 }
 

@@ -12,9 +12,7 @@
 //! Classic Knative has none of these: its queue-proxy serves TLS 1.3 only,
 //! with Go's default suites and curves, whatever the environment says.
 
-use super::error::ConfigError;
-use super::observability::Generation;
-use super::vars::Vars;
+use qproxy_core::config::{ConfigError, Generation, Vars};
 
 /// A TLS protocol version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

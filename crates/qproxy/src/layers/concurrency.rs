@@ -12,15 +12,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use breaker::{Breaker, BreakerLayer, Exempt, GradientSettings, PermitBody, QueueFull, Waited};
+use breaker::{Breaker, BreakerLayer, Exempt, GradientSettings, QueueFull, Waited};
 use http::{Request, Response, StatusCode};
 
-use crate::common::body::ReplyBody;
-use crate::common::facts::{HasFacts, facts};
-use crate::common::reply::http_error;
-use crate::common::waits::{SlotWait, WaitNote};
 use crate::config::{LiveOptions, Opt};
-use crate::observe::queue_wait::QueueWait;
+use qproxy_core::body::ReplyBody;
+use qproxy_core::facts::{HasFacts, facts};
+use qproxy_core::reply::http_error;
+use qproxy_observe::queue_wait::QueueWait;
+use qproxy_observe::waits::{SlotWait, WaitNote};
 
 /// The breaker layer of the main port, whose inner responses have bodies
 /// of type `B`.
@@ -110,12 +110,6 @@ impl<B: HasFacts> Exempt<B> for KubeletProbes {
 /// Go's `http.Error(w, err.Error(), 503)`.
 fn queue_full<B: From<ReplyBody>>(err: QueueFull) -> Response<B> {
     http_error(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).map(B::from)
-}
-
-impl<B: From<ReplyBody>> From<ReplyBody> for PermitBody<B> {
-    fn from(body: ReplyBody) -> Self {
-        PermitBody::new(B::from(body))
-    }
 }
 
 #[cfg(test)]

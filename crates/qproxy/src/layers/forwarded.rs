@@ -11,8 +11,8 @@
 use http::{HeaderMap, HeaderValue, Request};
 
 use super::Rewrite;
-use crate::common::facts::{HasFacts, facts};
-use crate::common::headers::{
+use qproxy_core::facts::{HasFacts, facts};
+use qproxy_core::headers::{
     FORWARDED, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, first_values,
 };
 

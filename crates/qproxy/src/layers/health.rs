@@ -31,13 +31,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
 use tower::{Layer, Service};
 
-use crate::common::body::ReplyBody;
-use crate::common::facts::{HasFacts, HealthKind, facts};
-use crate::common::headers::{K_NETWORK_HASH, K_NETWORK_PROBE};
-use crate::common::reply::{Answering, http_error, text};
-use crate::common::startup::Startup;
 use crate::drain::Drainer;
 use crate::readiness::Readiness;
+use qproxy_core::body::ReplyBody;
+use qproxy_core::facts::{HasFacts, HealthKind, facts};
+use qproxy_core::headers::{K_NETWORK_HASH, K_NETWORK_PROBE};
+use qproxy_core::reply::{Answering, http_error, text};
+use qproxy_observe::startup::Startup;
 
 /// `K-Network-Probe` value of health checks.
 const QUEUE: &[u8] = b"queue";

@@ -11,8 +11,8 @@ use http::uri::Uri;
 use http::{HeaderMap, Request};
 
 use super::Rewrite;
-use crate::common::facts::{HasFacts, facts};
-use crate::common::headers::K_ORIGINAL_HOST;
+use qproxy_core::facts::{HasFacts, facts};
+use qproxy_core::headers::K_ORIGINAL_HOST;
 
 /// The rewrite as a [`Rewrite`], skipping kubelet probes: apply it with
 /// [`RewriteLayer`](super::RewriteLayer).

@@ -8,13 +8,8 @@ pub(crate) mod concurrency;
 pub(crate) mod forwarded;
 pub(crate) mod health;
 pub(crate) mod host_rewrite;
-pub(crate) mod metrics;
-pub(crate) mod observe;
-pub(crate) mod request_log;
 pub(crate) mod server_rules;
-pub(crate) mod stats;
 pub(crate) mod timeout;
-pub(crate) mod trace;
 pub(crate) mod upgrade;
 
 use std::task::{Context, Poll};
@@ -22,7 +17,8 @@ use std::task::{Context, Poll};
 use http::Request;
 use tower::{Layer, Service};
 
-use crate::common::facts::HasFacts;
+use qproxy_core::facts::HasFacts;
+use qproxy_observe::layers::observe;
 
 /// A change made to every request before the inner service sees it.
 pub(crate) trait Rewrite: Clone {

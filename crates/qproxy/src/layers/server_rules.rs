@@ -29,8 +29,8 @@ use http_body_util::Either;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::common::body::ReplyBody;
-use crate::common::reply::{Answering, server_error};
+use qproxy_core::body::ReplyBody;
+use qproxy_core::reply::{Answering, server_error};
 use qproxy_http1::limits::MAX_HEADER_BYTES;
 
 /// Adds [`ServerRules`] to a stack.

@@ -49,12 +49,12 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-use crate::common::body::{BoxError, ReplyBody};
-use crate::common::facts::{HasFacts, facts};
-use crate::common::go::go_duration;
-use crate::common::reply::text;
-use crate::common::tunnel_registry::TunnelDeadline;
 use crate::config::{Generation, LiveOptions, Opt, Timeouts};
+use qproxy_core::body::{BoxError, ReplyBody};
+use qproxy_core::facts::{HasFacts, facts};
+use qproxy_core::go::go_duration;
+use qproxy_core::reply::text;
+use qproxy_core::tunnel_registry::TunnelDeadline;
 
 /// The body of the `504`.
 const REQUEST_TIMEOUT: &str = "request timeout";

@@ -20,8 +20,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::common::body::ReplyBody;
-use crate::common::tunnel_registry::{Tunnel, Tunnels};
+use qproxy_core::body::ReplyBody;
+use qproxy_core::tunnel_registry::{Tunnel, Tunnels};
 
 /// Adds [`UpgradeHold`] to a stack.
 #[derive(Debug, Clone, Default)]

@@ -9,7 +9,7 @@ use http_body::{Frame, SizeHint};
 
 use super::h2c::H2cBody;
 use super::timing::Timing;
-use crate::common::body::ReplyBody;
+use qproxy_core::body::ReplyBody;
 use qproxy_http1::client::{ResponseBody, ResponseBodyError};
 
 /// A response body: streamed from the user container, or made by qproxy.

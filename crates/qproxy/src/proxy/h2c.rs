@@ -28,7 +28,7 @@ use http::{Method, Request, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::sync::oneshot;
 
-use crate::common::body::RequestBody;
+use qproxy_core::body::RequestBody;
 use qproxy_http1::wire::length::content_length;
 
 /// The connection settings of hyper's HTTP/2 client, which the app saw

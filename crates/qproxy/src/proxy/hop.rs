@@ -13,7 +13,7 @@ use http::HeaderMap;
 use http::header::{CONNECTION, HeaderName, HeaderValue, TE, TRAILER, UPGRADE};
 use qproxy_http1::wire::token::any_value_has;
 
-use crate::common::headers::{HOP_HEADERS, HopFields};
+use qproxy_core::headers::{HOP_HEADERS, HopFields};
 
 /// What an inbound request asked of the connection, read before its
 /// hop-by-hop headers are removed.
@@ -103,7 +103,7 @@ fn remove_hop_headers(headers: &mut HeaderMap, present: HopFields) {
 mod tests {
     use super::*;
 
-    use crate::common::headers::header_map as headers;
+    use qproxy_core::headers::header_map as headers;
 
     fn names(h: &HeaderMap) -> Vec<&str> {
         let mut n: Vec<_> = h.keys().map(HeaderName::as_str).collect();

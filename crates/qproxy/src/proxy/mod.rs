@@ -34,17 +34,15 @@ use hyper::upgrade::OnUpgrade;
 use tokio::sync::mpsc;
 use tower::Service;
 
-use crate::common::body::{Content, ReplyBody, RequestBody};
-use crate::common::headers::{
-    KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR,
-};
-use crate::common::reply::http_error;
-use crate::common::startup::Startup;
-use crate::common::tunnel_registry::TunnelDeadline;
 use crate::config::{LiveOptions, Opt};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::timing::Timing;
 pub(crate) use error::UpstreamError;
+use qproxy_core::body::{Content, ReplyBody, RequestBody};
+use qproxy_core::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
+use qproxy_core::reply::http_error;
+use qproxy_core::tunnel_registry::TunnelDeadline;
+use qproxy_observe::startup::Startup;
 use upstream::AppIo;
 pub(crate) use upstream::{Answer, Http1Request, Upstream};
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Request};
 
-use crate::common::waits::SlotWait;
+use qproxy_observe::waits::SlotWait;
 
 /// The field (W3C Server Timing).
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");

@@ -34,9 +34,9 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::common::tunnel_registry::{Tunnel, TunnelDeadline};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::upstream::AppIo;
+use qproxy_core::tunnel_registry::{Tunnel, TunnelDeadline};
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;

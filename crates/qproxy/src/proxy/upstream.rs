@@ -51,8 +51,8 @@ use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
 use super::h2c;
-use crate::common::body::{Content, RequestBody};
 use crate::proxy::body::ProxyBody;
+use qproxy_core::body::{Content, RequestBody};
 use qproxy_http1::client::{
     ClientConn, ExchangeError, Outgoing, Payload, ResponseBody, ResponseHead, UploadError, exchange,
 };
@@ -406,7 +406,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::common::facts::Facts;
+    use qproxy_core::facts::Facts;
     use qproxy_http1::server::WholeBody;
 
     /// Responses read one after another over one kept connection (into

@@ -34,9 +34,9 @@ use super::Listener;
 use super::head::{
     H2_PREFACE, HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head,
 };
-use crate::common::body::{BoxError, RequestBody};
-use crate::common::{Accepted, Endpoint};
 use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
+use qproxy_core::body::{BoxError, RequestBody};
+use qproxy_core::{Accepted, Endpoint};
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use qproxy_http1::server::{self as own, Lifecycle, Rewind};
 

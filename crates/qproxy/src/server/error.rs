@@ -2,8 +2,8 @@
 
 use super::listener::BindError;
 use crate::config::ConfigError;
-use crate::observe::ExportError;
 use crate::tls::TlsError;
+use qproxy_observe::ExportError;
 
 /// Why qproxy could not start.
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ use hyper::service::HttpService;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
-use crate::common::body::BoxError;
+use qproxy_core::body::BoxError;
 
 /// Tells the connections it watches to finish, and waits until they have.
 #[derive(Debug)]

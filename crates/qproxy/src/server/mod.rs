@@ -30,16 +30,9 @@ pub use listener::BindError;
 pub(crate) use listener::Listener;
 
 use crate::admin::Admin;
-use crate::common::startup::Startup;
-use crate::common::tunnel_registry::Tunnels;
 use crate::config::{Config, Generation, LiveOptions, Opt, Options};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
-use crate::observe::Extra;
-use crate::observe::adaptive_limit::AdaptiveLimit;
-use crate::observe::autoscaler_view::AutoscalerView;
-use crate::observe::queue_wait::QueueWait;
-use crate::observe::{ExportError, Observers};
 use crate::profiling::{self, Profiling};
 use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
@@ -48,6 +41,13 @@ use crate::stats::{self, REPORTING_PERIOD, StatsEndpoint};
 use crate::tls::TlsPort;
 use conn::{main_builder, serve, small_server};
 use podinfo::PodInfo;
+use qproxy_core::tunnel_registry::Tunnels;
+use qproxy_observe::Extra;
+use qproxy_observe::adaptive_limit::AdaptiveLimit;
+use qproxy_observe::autoscaler_view::AutoscalerView;
+use qproxy_observe::queue_wait::QueueWait;
+use qproxy_observe::startup::Startup;
+use qproxy_observe::{ExportError, Observers};
 
 /// A queue-proxy whose ports are bound, ready to serve.
 #[derive(Debug)]
@@ -84,7 +84,7 @@ impl Server {
     /// certificate when it is mounted. Must be called within a Tokio
     /// runtime.
     pub fn bind(config: Config) -> Result<Self, Error> {
-        crate::common::crypto::install_default_provider();
+        qproxy_core::crypto::install_default_provider();
         let open_files = listener::raise_open_files_limit();
         tracing::debug!(?open_files, "open files limit");
         let ports = config.ports;
@@ -153,7 +153,7 @@ pub struct MainPort {
 impl MainPort {
     /// The main port of `config`. Must be called within a Tokio runtime.
     pub fn new(config: &Config) -> Result<Self, ExportError> {
-        crate::common::crypto::install_default_provider();
+        qproxy_core::crypto::install_default_provider();
         Ok(Self {
             shared: build(config)?.main,
             graceful: GracefulShutdown::new(),
@@ -165,7 +165,7 @@ impl MainPort {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
-        let conn = crate::common::Accepted { remote };
+        let conn = qproxy_core::Accepted { remote };
         let service = stack::main_service(&self.shared, conn);
         conn::connection(
             io,
@@ -231,7 +231,12 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
             },
         ),
         tunnels: tunnels.clone(),
-        observers: Observers::new(config, &extra)?,
+        observers: Observers::new(
+            &config.observability,
+            &config.revision,
+            config.ports.user,
+            &extra,
+        )?,
         extra,
         options: {
             LiveOptions.set(options);

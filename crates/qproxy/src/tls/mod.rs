@@ -37,7 +37,7 @@ pub enum TlsError {
     Cert(#[from] CertError),
 }
 
-pub(crate) use crate::common::crypto::provider;
+pub(crate) use qproxy_core::crypto::provider;
 
 /// The TLS side of the servers, when the certificate is mounted.
 #[derive(Clone)]
