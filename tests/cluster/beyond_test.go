@@ -89,7 +89,7 @@ func series(text, name string, ok func(value string) bool) bool {
 
 func anyValue(string) bool { return true }
 
-// qproxy's additions (docs/beyond.md) as an operator asks for them:
+// qproxy's additions (docs/options.md) as an operator asks for them:
 // config-features lets the pod's annotations be mounted for the
 // queue-proxy, and the Service's template annotates its revision with
 // qproxy's options. With qproxy, the pod serves the start-up spans and the

@@ -25,7 +25,7 @@ fn go_only(name: &str) -> bool {
         .any(|p| name.starts_with(p))
 }
 
-/// qproxy's own additions (docs/beyond.md), which Go has no counterpart
+/// qproxy's own additions (docs/options.md), which Go has no counterpart
 /// for: left out of the comparison, as the conformance suite leaves out
 /// the `qproxy_` families on 9091.
 fn qproxy_only(name: &str) -> bool {

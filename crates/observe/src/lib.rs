@@ -1,9 +1,13 @@
-//! What qproxy tells its operators: logs, request metrics, request logs and
-//! traces, their settings ([`config`]), and the layers of the main port that
-//! feed them ([`layers`]); with the start-up's spans ([`startup`]), a
-//! request's wait for a slot on its way to its log line ([`waits`]) and
-//! the one outcome guard request metrics and request logs share
-//! ([`outcome`]).
+//! What qproxy tells its operators: logs ([`log`]), request metrics
+//! ([`request_metrics`]), request logs ([`request_log`]), traces
+//! ([`traces`]) and the autoscaler's statistics ([`autoscaler_stats`]), each
+//! with the main port's layer that feeds it (its `layer` module, as tower
+//! names them), and their settings ([`config`]). The layers are
+//! [`observing::Observe`]rs: they follow a request without answering it,
+//! and adjacent ones are served as one. Beside them: qproxy's own metrics
+//! ([`own_metrics`]: the start-up's spans, [`startup`]; the queue's waits,
+//! [`queue_wait`], told by [`waits`]; the adaptive limit), and the one
+//! outcome guard request metrics and request logs share ([`outcome`]).
 //!
 //! [`Observers::new`] reads which of them the configuration turns on, and
 //! for which generation of Knative; the main port's layers report to them,
@@ -12,24 +16,22 @@
 //! and [`Observers::flush`] sends what the exporters still hold at exit.
 
 pub mod adaptive_limit;
-pub mod autoscaler_view;
+pub mod autoscaler_stats;
 pub mod config;
 pub mod export;
-pub mod extra;
-pub mod layers;
 pub mod log;
-pub mod opencensus_metrics;
-pub mod otel_metrics;
+pub mod observing;
 pub mod otlp;
 pub mod outcome;
+pub mod own_metrics;
 pub mod prom_text;
 pub mod queue_wait;
 pub mod request_log;
+pub mod request_metrics;
 pub mod semconv;
 pub mod startup;
 pub mod traces;
 pub mod waits;
-pub mod zipkin;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -39,87 +41,17 @@ use http::{Request, Response};
 use qproxy_core::body::RequestBody;
 use tokio::task::JoinHandle;
 
-use crate::config::{MetricsProtocol, Observability};
+use crate::config::Observability;
 use qproxy_core::body::ReplyBody;
 use qproxy_core::config::Revision;
 use qproxy_core::{Endpoint, metrics_route};
 
-use autoscaler_view::AutoscalerView;
+use autoscaler_stats::view::AutoscalerView;
 pub use export::ExportError;
-pub use extra::Extra;
-use opencensus_metrics::OpenCensusMetrics;
-use otel_metrics::OtelMetrics;
+pub use own_metrics::OwnMetrics;
 use request_log::{RequestLog, SharedRequestLog};
+use request_metrics::UserMetrics;
 use traces::Traces;
-
-/// The request metrics served on the user metrics port (9091), of
-/// whichever generation started qproxy; cheap to clone.
-#[derive(Debug, Clone)]
-pub enum UserMetrics {
-    /// Classic Knative's (`SERVING_REQUEST_METRICS_BACKEND=prometheus`).
-    Classic(opencensus_metrics::OpenCensusMetrics),
-    /// Current Knative's (`requestMetrics.protocol: prometheus`).
-    Current(otel_metrics::OtelMetrics),
-}
-
-impl UserMetrics {
-    /// The request metrics `config` asks for, if any: classic Knative's
-    /// Prometheus series, or current Knative's instruments, served as
-    /// Prometheus text or pushed over OTLP (with qproxy's own `extra`).
-    fn new(
-        observability: &Observability,
-        revision: &Revision,
-        user_port: u16,
-        extra: &Extra,
-    ) -> Result<Option<Self>, ExportError> {
-        Ok(match observability {
-            o if o.classic_prometheus_metrics() => {
-                Some(UserMetrics::Classic(OpenCensusMetrics::new(revision)))
-            }
-            Observability::Current(c) => match c.request_metrics.protocol {
-                MetricsProtocol::Prometheus => Some(UserMetrics::Current(OtelMetrics::prometheus(
-                    revision, &c.otel, user_port,
-                ))),
-                MetricsProtocol::Grpc | MetricsProtocol::HttpProtobuf => {
-                    Some(UserMetrics::Current(OtelMetrics::otlp(
-                        &c.request_metrics,
-                        &c.otel,
-                        revision,
-                        user_port,
-                        extra,
-                    )?))
-                }
-                MetricsProtocol::None => None,
-            },
-            _ => None,
-        })
-    }
-
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        match self {
-            UserMetrics::Classic(m) => m.render(),
-            UserMetrics::Current(m) => m.render(),
-        }
-    }
-
-    /// Folds recorded histogram samples into their buckets; run every
-    /// [`opencensus_metrics::UPKEEP_PERIOD`].
-    pub fn run_upkeep(&self) {
-        match self {
-            UserMetrics::Classic(m) => m.run_upkeep(),
-            UserMetrics::Current(m) => m.run_upkeep(),
-        }
-    }
-
-    /// Sets the queue depth: the requests inside the breaker.
-    pub fn set_queue_depth(&self, depth: u32) {
-        match self {
-            UserMetrics::Classic(m) => m.set_queue_depth(depth),
-            UserMetrics::Current(m) => m.set_queue_depth(depth),
-        }
-    }
-}
 
 /// Every observer of requests the configuration turns on; cheap to clone.
 #[derive(Debug, Clone)]
@@ -134,13 +66,13 @@ pub struct Observers {
 
 impl Observers {
     /// The observers `observability` asks for, for `revision`'s app on
-    /// `user_port`; qproxy's own `extra` metrics go with the request
+    /// `user_port`; qproxy's `own_metrics` go with the request
     /// metrics where they are pushed.
     pub fn new(
         observability: &Observability,
         revision: &Revision,
         user_port: u16,
-        extra: &Extra,
+        own_metrics: &OwnMetrics,
     ) -> Result<Self, ExportError> {
         let log = observability.request_log();
         // The configuration checked the template; one that failed here
@@ -161,18 +93,18 @@ impl Observers {
             SocketAddr::from((Ipv4Addr::LOCALHOST, user_port)),
         )?;
         Ok(Self {
-            request_metrics: UserMetrics::new(observability, revision, user_port, extra)?,
+            request_metrics: UserMetrics::new(observability, revision, user_port, own_metrics)?,
             request_log,
             traces,
         })
     }
 
     /// Starts the upkeep of the request metrics, if any: their histograms
-    /// folded every [`opencensus_metrics::UPKEEP_PERIOD`].
+    /// folded every [`request_metrics::opencensus::UPKEEP_PERIOD`].
     pub fn spawn_upkeep(&self) -> Option<JoinHandle<()>> {
         let metrics = self.request_metrics.clone()?;
         Some(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(opencensus_metrics::UPKEEP_PERIOD);
+            let mut ticks = tokio::time::interval(request_metrics::opencensus::UPKEEP_PERIOD);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 ticks.tick().await;
@@ -183,11 +115,15 @@ impl Observers {
 
     /// What the user metrics port serves: the request metrics, the
     /// autoscaler's view and the start-up's spans.
-    pub fn metrics_endpoint(&self, autoscaler: AutoscalerView, extra: Extra) -> MetricsEndpoint {
+    pub fn metrics_endpoint(
+        &self,
+        autoscaler: AutoscalerView,
+        own_metrics: OwnMetrics,
+    ) -> MetricsEndpoint {
         MetricsEndpoint {
             request_metrics: self.request_metrics.clone(),
             autoscaler,
-            extra,
+            own_metrics,
         }
     }
 
@@ -211,12 +147,12 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The user metrics server on 9091: the request metrics as Prometheus text
 /// (none where none are kept), then the autoscaler's view
-/// ([`autoscaler_view`]) and the [`Extra`] metrics, with the same labels.
+/// ([`autoscaler_stats::view`]) and [`OwnMetrics`], with the same labels.
 #[derive(Debug, Clone)]
 pub struct MetricsEndpoint {
     request_metrics: Option<UserMetrics>,
     autoscaler: AutoscalerView,
-    extra: Extra,
+    own_metrics: OwnMetrics,
 }
 
 impl MetricsEndpoint {
@@ -229,11 +165,11 @@ impl MetricsEndpoint {
                 .unwrap_or_default();
             self.autoscaler.render(&mut text);
             let labels = self.autoscaler.labels();
-            self.extra.startup.render(labels, &mut text);
-            if let Some(waits) = &self.extra.queue_wait {
+            self.own_metrics.startup.render(labels, &mut text);
+            if let Some(waits) = &self.own_metrics.queue_wait {
                 waits.render(labels, &mut text);
             }
-            if let Some(limit) = &self.extra.adaptive {
+            if let Some(limit) = &self.own_metrics.adaptive {
                 limit.render(labels, &mut text);
             }
             text.into()

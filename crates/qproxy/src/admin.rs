@@ -4,7 +4,7 @@
 //! Like Knative's, it answers as Go's `http.ServeMux` with one route:
 //! `/wait-for-drain`, any method, drains (see [`Admin`]); anything else is
 //! `404 page not found`. The other small servers are the autoscaler's
-//! [stats](crate::stats), the [request metrics](qproxy_observe) and
+//! [stats](crate::stat_server), the [request metrics](qproxy_observe) and
 //! [profiling](crate::profiling).
 
 use std::future::Future;

@@ -25,7 +25,7 @@
 //! - `layers`: the main port's request layers that answer or change
 //!   requests, one concern each;
 //! - `stack`: those layers and the observers, assembled in Knative's order;
-//! - `admin`, `stats`, `profiling`: the small servers beside the main port;
+//! - `admin`, `stat_server`, `profiling`: the small servers beside the main port;
 //! - [`server`]: listeners, connections, and the whole sidecar's start and
 //!   stop ([`Server`]);
 //! - the crate root's own items: [`run`] and [`shutdown_signal`];
@@ -46,7 +46,7 @@ mod proxy;
 mod readiness;
 pub mod server;
 mod stack;
-mod stats;
+mod stat_server;
 mod tls;
 
 pub mod headers {

@@ -31,7 +31,7 @@
 //! in either.
 //!
 //! The layers that only follow a request (logs, spans, metrics, stats,
-//! and the two rewrites) are [`Observe`](qproxy_observe::layers::observe::Observe)rs:
+//! and the two rewrites) are [`Observe`](qproxy_observe::observing::Observe)rs:
 //! those with no answering layer between them (the drainer, the timeouts,
 //! the breaker) are served as one group, in the table's order, so that a
 //! request is moved into one `call` per group rather than one per layer,
@@ -69,12 +69,12 @@ use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
 use qproxy_core::Accepted;
 use qproxy_core::tunnel_registry::Tunnels;
-use qproxy_observe::layers::metrics::MetricsLayer;
-use qproxy_observe::layers::observe::{ObservedBody, observe};
-use qproxy_observe::layers::request_log::{LoggedBody, RequestLogLayer};
-use qproxy_observe::layers::stats::StatsLayer;
-use qproxy_observe::layers::trace::TraceLayer;
-use qproxy_observe::{Extra, Observers};
+use qproxy_observe::autoscaler_stats::layer::StatsLayer;
+use qproxy_observe::observing::{ObservedBody, observe};
+use qproxy_observe::request_log::layer::{LoggedBody, RequestLogLayer};
+use qproxy_observe::request_metrics::layer::MetricsLayer;
+use qproxy_observe::traces::layer::TraceLayer;
+use qproxy_observe::{Observers, OwnMetrics};
 
 /// The response body of the main port.
 pub(crate) type MainBody = LoggedBody<
@@ -88,7 +88,7 @@ pub(crate) type MainBody = LoggedBody<
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
-pub(crate) struct Shared {
+pub(crate) struct MainPort {
     /// The user container.
     pub(crate) upstream: Arc<Upstream>,
     /// `containerConcurrency`, when limited.
@@ -111,14 +111,14 @@ pub(crate) struct Shared {
     pub(crate) observers: Observers,
     /// qproxy's own metrics: the start-up's spans (marked by health checks
     /// and the proxy) and the queue's waits (told by the breaker).
-    pub(crate) extra: Extra,
+    pub(crate) own_metrics: OwnMetrics,
     /// qproxy's options in force, read by the layers as a request passes.
     pub(crate) options: LiveOptions,
 }
 
 /// The service handling the requests of one main-port connection.
 pub(crate) fn main_service(
-    shared: &Shared,
+    port: &MainPort,
     conn: Accepted,
 ) -> impl Service<
     Request<RequestBody>,
@@ -128,36 +128,36 @@ pub(crate) fn main_service(
 > + Clone
 + Send
 + use<> {
-    let observers = &shared.observers;
+    let observers = &port.observers;
     ServiceBuilder::new()
         .layer(ServerRulesLayer)
-        .layer(UpgradeHoldLayer::new(shared.tunnels.clone()))
+        .layer(UpgradeHoldLayer::new(port.tunnels.clone()))
         .layer(RequestLogLayer::new(
             observers.request_log.clone(),
             conn.remote,
-            shared.options,
+            port.options,
         ))
         .layer(HealthLayer::new(
-            shared.drainer.clone(),
-            shared.readiness.clone(),
-            shared.extra.startup.clone(),
+            port.drainer.clone(),
+            port.readiness.clone(),
+            port.own_metrics.startup.clone(),
         ))
-        .layer(observe(revision_observers(shared, conn)))
+        .layer(observe(revision_observers(port, conn)))
         .layer(TimeoutLayer::new(
-            shared.timeouts,
-            shared.generation,
-            shared.options,
+            port.timeouts,
+            port.generation,
+            port.options,
         ))
-        .layer(observe(proxy_observers(shared)))
+        .layer(observe(proxy_observers(port)))
         .layer(concurrency::layer(
-            shared.breaker.clone(),
-            shared.extra.queue_wait.clone(),
+            port.breaker.clone(),
+            port.own_metrics.queue_wait.clone(),
         ))
-        .layer(observe(app_observers(shared)))
+        .layer(observe(app_observers(port)))
         .service(Proxy::new(
-            shared.upstream.clone(),
+            port.upstream.clone(),
             conn.remote.ip(),
-            shared.extra.startup.clone(),
+            port.own_metrics.startup.clone(),
         ))
 }
 
@@ -165,8 +165,8 @@ pub(crate) fn main_service(
 /// revision's request metrics.
 type RevisionObservers = (TraceLayer, MetricsLayer);
 
-fn revision_observers(shared: &Shared, conn: Accepted) -> RevisionObservers {
-    let observers = &shared.observers;
+fn revision_observers(port: &MainPort, conn: Accepted) -> RevisionObservers {
+    let observers = &port.observers;
     (
         TraceLayer::server(observers.traces.clone(), conn.remote),
         MetricsLayer::revision(observers.request_metrics.clone()),
@@ -182,11 +182,11 @@ type ProxyObservers = (
     RewriteLayer<HostRewrite>,
 );
 
-fn proxy_observers(shared: &Shared) -> ProxyObservers {
+fn proxy_observers(port: &MainPort) -> ProxyObservers {
     (
         RewriteLayer::new(ForwardedShim),
-        TraceLayer::proxy(shared.observers.traces.clone(), shared.breaker.is_some()),
-        StatsLayer::new(shared.stats.clone(), shared.clock),
+        TraceLayer::proxy(port.observers.traces.clone(), port.breaker.is_some()),
+        StatsLayer::new(port.stats.clone(), port.clock),
         RewriteLayer::new(HostRewrite),
     )
 }
@@ -194,10 +194,10 @@ fn proxy_observers(shared: &Shared) -> ProxyObservers {
 /// Past the breaker: the client span, then the app's request metrics.
 type AppObservers = (TraceLayer, MetricsLayer);
 
-fn app_observers(shared: &Shared) -> AppObservers {
-    let observers = &shared.observers;
+fn app_observers(port: &MainPort) -> AppObservers {
+    let observers = &port.observers;
     (
         TraceLayer::client(observers.traces.clone()),
-        MetricsLayer::app(observers.request_metrics.clone(), shared.breaker.clone()),
+        MetricsLayer::app(observers.request_metrics.clone(), port.breaker.clone()),
     )
 }

@@ -18,7 +18,7 @@ use http::Request;
 use tower::{Layer, Service};
 
 use qproxy_core::facts::HasFacts;
-use qproxy_observe::layers::observe;
+use qproxy_observe::observing::{NoGuard, Observe};
 
 /// A change made to every request before the inner service sees it.
 pub(crate) trait Rewrite: Clone {
@@ -26,9 +26,9 @@ pub(crate) trait Rewrite: Clone {
     fn rewrite<B: HasFacts>(&self, req: &mut Request<B>);
 }
 
-/// A rewrite joins a group of observers ([`observe`]), keeping nothing.
-impl<R: Rewrite> observe::Observe for RewriteLayer<R> {
-    type Guard = observe::NoGuard;
+/// A rewrite joins a group of observers ([`Observe`]), keeping nothing.
+impl<R: Rewrite> Observe for RewriteLayer<R> {
+    type Guard = NoGuard;
 
     fn enter<B: http_body::Body + HasFacts>(&self, req: &mut Request<B>) -> Option<Self::Guard> {
         self.rewrite.rewrite(req);

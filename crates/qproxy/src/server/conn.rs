@@ -38,7 +38,7 @@ use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
 use qproxy_core::body::{BoxError, RequestBody};
 use qproxy_core::{Accepted, Endpoint};
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
-use qproxy_http1::server::{self as own, Lifecycle, Rewind};
+use qproxy_http1::server::{Lifecycle, Rewind, Served};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
@@ -350,10 +350,15 @@ pub(super) async fn connection<IO, S, B>(
                 clock: &clock,
                 watcher: &watcher,
             };
-            let served = Box::pin(own::serve(&mut io, ahead, &conn, &mut service));
+            let served = Box::pin(qproxy_http1::server::serve(
+                &mut io,
+                ahead,
+                &conn,
+                &mut service,
+            ));
             match served.await {
-                own::Served::Closed => return,
-                own::Served::HandOff(rest) => ahead = rest,
+                Served::Closed => return,
+                Served::HandOff(rest) => ahead = rest,
             }
         }
         // hyper reads heads of any length up to its buffer's: those longer

@@ -36,15 +36,15 @@ use crate::layers::concurrency;
 use crate::profiling::{self, Profiling};
 use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
-use crate::stack::{self, Shared};
-use crate::stats::{self, REPORTING_PERIOD, StatsEndpoint};
+use crate::stack::{self, MainPort};
+use crate::stat_server::{self, REPORTING_PERIOD, StatsEndpoint};
 use crate::tls::TlsPort;
 use conn::{main_builder, serve, small_server};
 use podinfo::PodInfo;
 use qproxy_core::tunnel_registry::Tunnels;
-use qproxy_observe::Extra;
+use qproxy_observe::OwnMetrics;
 use qproxy_observe::adaptive_limit::AdaptiveLimit;
-use qproxy_observe::autoscaler_view::AutoscalerView;
+use qproxy_observe::autoscaler_stats::view::AutoscalerView;
 use qproxy_observe::queue_wait::QueueWait;
 use qproxy_observe::startup::Startup;
 use qproxy_observe::{ExportError, Observers};
@@ -145,7 +145,7 @@ impl Server {
 #[cfg(feature = "fuzzing")]
 #[derive(Debug)]
 pub struct MainPort {
-    shared: Shared,
+    shared: MainPort,
     graceful: GracefulShutdown,
 }
 
@@ -182,7 +182,7 @@ impl MainPort {
 /// The state behind the servers, built from the configuration.
 struct Parts {
     /// What every connection of the main port shares.
-    main: Shared,
+    main: MainPort,
     /// The latest autoscaler `Stat`.
     reporter: Arc<Reporter>,
     /// The admin server's drain hook.
@@ -207,12 +207,12 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
         config.container_concurrency,
         options.has(Opt::AdaptiveConcurrency),
     );
-    let extra = Extra {
+    let own_metrics = OwnMetrics {
         startup: Arc::new(Startup::begin()),
         queue_wait: breaker.as_ref().map(|_| Arc::new(QueueWait::default())),
         adaptive: AdaptiveLimit::of(breaker.as_ref()),
     };
-    let main = Shared {
+    let main = MainPort {
         upstream: Arc::new(Upstream::new(
             config.ports.user,
             config.upstream_idle_connections(),
@@ -235,9 +235,9 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
             &config.observability,
             &config.revision,
             config.ports.user,
-            &extra,
+            &own_metrics,
         )?,
-        extra,
+        own_metrics,
         options: {
             LiveOptions.set(options);
             LiveOptions
@@ -295,8 +295,8 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     let graceful = Arc::new(GracefulShutdown::new());
     let (stop, stopped) = watch::channel(false);
     let observers = main.observers.clone();
-    let extra = main.extra.clone();
-    let mut loops = vec![tokio::spawn(stats::report_every_period(
+    let own_metrics = main.own_metrics.clone();
+    let mut loops = vec![tokio::spawn(stat_server::report_every_period(
         main.stats.clone(),
         main.clock,
         reporter.clone(),
@@ -338,7 +338,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     servers.spawn(small_server(server.stats, stats, None, g, s));
     if let Some(listener) = server.metrics {
         let view = AutoscalerView::new(reporter.clone(), &config.revision);
-        let endpoint = observers.metrics_endpoint(view, extra);
+        let endpoint = observers.metrics_endpoint(view, own_metrics);
         servers.spawn(small_server(listener, endpoint, None, g, s));
     }
     if let Some(listener) = server.profiling {

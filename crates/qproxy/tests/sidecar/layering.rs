@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["readiness", "drain", "proxy", "tls"],
     &["layers"],
     &["stack"],
-    &["admin", "stats", "profiling"],
+    &["admin", "stat_server", "profiling"],
     &["server"],
     &[ROOT],
     &["demo", "fuzz"],

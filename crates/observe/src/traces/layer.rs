@@ -14,7 +14,7 @@ use opentelemetry::Context;
 use opentelemetry::trace::TraceContextExt;
 use tower::Layer;
 
-use crate::layers::observe::{Observe, Observing};
+use crate::observing::{Observe, Observing};
 use crate::traces::{Sizes, Traces};
 use qproxy_core::body::Settle;
 use qproxy_core::config::Generation;

@@ -42,7 +42,7 @@ impl ZipkinExporter {
             None => {}
         }
         Self {
-            client: super::otlp::plain_http_client(),
+            client: crate::otlp::plain_http_client(),
             endpoint,
             local: local.into(),
         }

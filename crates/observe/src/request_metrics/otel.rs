@@ -47,11 +47,11 @@ use opentelemetry_sdk::runtime::Tokio;
 
 use crate::config::{MetricsConfig, MetricsProtocol, OtelEnv};
 use crate::export::{ExportError, Signal};
-use crate::extra::Extra;
-use crate::opencensus_metrics::{read, write};
 use crate::otlp::{Target, Transport};
+use crate::own_metrics::OwnMetrics;
 use crate::prom_text::label;
 use crate::queue_wait;
+use crate::request_metrics::opencensus::{read, write};
 use crate::semconv;
 use crate::semconv::RouteTag;
 use crate::startup::{Span, Startup};
@@ -245,7 +245,7 @@ impl OtelMetrics {
         otel: &OtelEnv,
         revision: &Revision,
         user_port: u16,
-        extra: &Extra,
+        extra: &OwnMetrics,
     ) -> Result<Self, ExportError> {
         let transport = match config.protocol {
             MetricsProtocol::Grpc => Transport::Grpc,

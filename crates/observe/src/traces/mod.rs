@@ -22,6 +22,9 @@
 //! off, none of this exists: the request path does not look at trace
 //! headers, and those a client sent reach the app untouched.
 
+pub mod layer;
+pub mod zipkin;
+
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -48,7 +51,7 @@ use crate::export::{ExportError, Signal};
 use crate::otlp::{Target, Transport};
 use crate::semconv;
 use crate::semconv::RouteTag;
-use crate::zipkin::ZipkinExporter;
+use crate::traces::zipkin::ZipkinExporter;
 use qproxy_core::config::{Generation, Revision};
 use qproxy_core::headers::X_FORWARDED_FOR;
 

@@ -11,7 +11,7 @@ use crate::startup::Startup;
 /// The start-up's spans, the queue's waits and the adaptive limit; cheap
 /// to clone.
 #[derive(Debug, Clone)]
-pub struct Extra {
+pub struct OwnMetrics {
     /// The start-up's spans ([`startup`](crate::startup)).
     pub startup: Arc<Startup>,
     /// The queue's waits, where there is a queue

@@ -25,6 +25,8 @@
 //! followed, under classic Knative, by what the template wrote before it
 //! failed, as Knative writes it.
 
+pub mod layer;
+
 use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;

@@ -13,7 +13,7 @@ use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
 use http::Request;
 use tower::Layer;
 
-use crate::layers::observe::{Observe, Observing};
+use crate::observing::{Observe, Observing};
 use qproxy_core::body::Settle;
 use qproxy_core::facts::{HasFacts, facts};
 

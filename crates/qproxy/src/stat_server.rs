@@ -1,7 +1,7 @@
 //! The autoscaler's view of the pod: the `Stat` served on the stats port
 //! (9090), and the loop that renews it every [`REPORTING_PERIOD`].
 //!
-//! The main port's [stats layer](qproxy_observe::layers::stats) records each
+//! The main port's [stats layer](qproxy_observe::autoscaler_stats::layer) records each
 //! request's arrival and departure; once a period, as Knative's
 //! queue-proxy does with a ticker, the time-weighted figures of the period
 //! become the `Stat` the autoscaler scrapes.

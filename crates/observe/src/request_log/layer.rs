@@ -22,7 +22,7 @@ use std::sync::Arc;
 use http::Request;
 use tower::Layer;
 
-use crate::layers::observe::{Observe, Observing};
+use crate::observing::{Observe, Observing};
 use crate::outcome::{Ended, Observed, Record};
 use crate::request_log::{Arrived, SharedRequestLog};
 use crate::waits::WaitNote;

@@ -19,8 +19,8 @@
 //! untouched.
 //!
 //! The same two places feed classic Knative's series
-//! ([`crate::opencensus_metrics`]) or current Knative's instruments
-//! ([`crate::otel_metrics`]): the server's and the client's
+//! ([`crate::request_metrics::opencensus`]) or current Knative's instruments
+//! ([`crate::request_metrics::otel`]): the server's and the client's
 //! HTTP instruments, and the invocation duration.
 
 use std::borrow::Cow;
@@ -30,10 +30,10 @@ use http::Request;
 use tower::Layer;
 
 use crate::UserMetrics;
-use crate::layers::observe::{Observe, Observing};
-use crate::opencensus_metrics::{OpenCensusMetrics, Scope, route_tag_unless_probe};
-use crate::otel_metrics::{HttpAttributes, OtelMetrics};
+use crate::observing::{Observe, Observing};
 use crate::outcome::{Ended, Observed, Record};
+use crate::request_metrics::opencensus::{OpenCensusMetrics, Scope, route_tag_unless_probe};
+use crate::request_metrics::otel::{HttpAttributes, OtelMetrics};
 use qproxy_core::facts::{HasFacts, facts};
 
 /// Measures requests where it sits in the stack; see the [module
