@@ -43,7 +43,7 @@ use qproxy_core::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, 
 use qproxy_core::reply::http_error;
 use qproxy_core::tunnel_registry::TunnelDeadline;
 use qproxy_observe::startup::Startup;
-use upstream::AppIo;
+use tunnel_copy::AppSide;
 pub(crate) use upstream::{Answer, Http1Request, Upstream};
 
 /// The reverse proxy for one client connection.
@@ -81,9 +81,9 @@ impl Service<Request<RequestBody>> for Proxy {
 
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         if LiveOptions.has(Opt::ServerTiming) {
-            return self.timed(req);
+            return self.answer_with_timing(req);
         }
-        self.untimed(req)
+        self.answer(req)
     }
 }
 
@@ -92,12 +92,12 @@ impl Proxy {
     /// around the common one, which carries nothing for it.
     #[cold]
     #[inline(never)]
-    fn timed(
+    fn answer_with_timing(
         &mut self,
         req: Request<RequestBody>,
     ) -> <Self as Service<Request<RequestBody>>>::Future {
         let timing = Timing::start(&req);
-        let answer = self.untimed(req);
+        let answer = self.answer(req);
         Box::pin(async move {
             let mut res = answer.await?;
             timing.add_to(res.headers_mut());
@@ -111,7 +111,7 @@ impl Proxy {
 
     /// The answer.
     #[inline(never)]
-    fn untimed(
+    fn answer(
         &mut self,
         mut req: Request<RequestBody>,
     ) -> <Self as Service<Request<RequestBody>>>::Future {
@@ -120,32 +120,31 @@ impl Proxy {
         let first = (self.startup.awaits_first_request() && !req.body().facts.is_probe())
             .then(|| self.startup.clone());
         let hop = self.prepare(&mut req);
+        let tunnel = Tunnel::asked(&mut req, hop);
         if req.version() == Version::HTTP_2 {
             let this = self.clone();
             return Box::pin(async move {
-                let res = if req.method() == Method::CONNECT {
-                    this.connect_h2(req).await
-                } else {
-                    this.forward_h2(req).await
+                let res = match tunnel {
+                    Ok(tunnel) => this.forward_h2(req, tunnel).await,
+                    Err(err) => Err(err),
                 };
                 Ok(answer(res, first))
             });
         }
-        if req.method() == Method::CONNECT {
-            let this = self.clone();
-            return Box::pin(async move { Ok(answer(this.connect(req).await, first)) });
-        }
-        // Every other request, written out here, so that its future holds
-        // only what it waits with.
-        let sent = Upgrade::asked(&mut req, hop).and_then(|upgrade| {
+        // Every HTTP/1 request, `CONNECT` and upgrades included, written
+        // out here, so that its future holds only what it waits with.
+        let sent = tunnel.and_then(|tunnel| {
             let req = self.http1_request(req)?;
-            Ok((self.upstream.clone(), Http1Request::new(req), upgrade))
+            Ok((self.upstream.clone(), Http1Request::new(req), tunnel))
         });
         Box::pin(async move {
             let res = match sent {
-                Ok((upstream, req, upgrade)) => match upstream.send(req).await {
+                Ok((upstream, req, tunnel)) => match upstream.send(req).await {
                     Ok(Answer::Response(res)) => Ok(finish(res)),
-                    Ok(Answer::Switched(switched)) => Upgrade::switched(upgrade, *switched),
+                    Ok(Answer::Switched(switched)) => {
+                        let (head, app) = *switched;
+                        Tunnel::open(tunnel, head, AppSide::Connection(app))
+                    }
                     Err(err) => Err(err),
                 },
                 Err(err) => Err(err),
@@ -155,63 +154,84 @@ impl Proxy {
     }
 }
 
-/// An upgrade a client asked for (boxed: rare, and every request's future
-/// carries room for it).
-struct Upgrade {
-    /// The protocol asked for.
-    protocol: HeaderValue,
-    /// The client's side of the tunnel, once the `101` is sent.
+/// A request that may become a two-way byte tunnel: an upgrade, or a
+/// `CONNECT` (boxed: rare, and every request's future carries room for
+/// it).
+struct Tunnel {
+    asked: Asked,
+    /// The client's side of the tunnel, once the `101` (or `2xx`) is sent.
     client: OnUpgrade,
     deadline: Option<TunnelDeadline>,
 }
 
-impl Upgrade {
-    /// The upgrade `req` asks for (`hop`, read as its hop-by-hop headers
-    /// were removed), if any; a protocol that is not printable ASCII is
-    /// refused, as Go refuses it.
+/// What a client asked for that opens a tunnel.
+enum Asked {
+    /// An HTTP/1.1 upgrade to this protocol.
+    Upgrade(HeaderValue),
+    /// A `CONNECT`, over HTTP/1.1 or HTTP/2.
+    Connect,
+}
+
+impl Tunnel {
+    /// The tunnel `req` asks for: a `CONNECT`, or (over HTTP/1.1) the
+    /// upgrade `hop` read as its hop-by-hop headers were removed; a
+    /// protocol that is not printable ASCII is refused, as Go refuses it.
     fn asked(
         req: &mut Request<RequestBody>,
         hop: hop::Hop,
-    ) -> Result<Option<Box<Upgrade>>, UpstreamError> {
-        let Some(protocol) = hop.upgrade else {
-            return Ok(None);
+    ) -> Result<Option<Box<Tunnel>>, UpstreamError> {
+        let asked = match hop.upgrade {
+            _ if req.method() == Method::CONNECT => Asked::Connect,
+            Some(protocol) if req.version() != Version::HTTP_2 => {
+                if !is_printable(protocol.as_bytes()) {
+                    return Err(UpstreamError::InvalidClientUpgrade(
+                        protocol.as_bytes().to_vec(),
+                    ));
+                }
+                Asked::Upgrade(protocol)
+            }
+            _ => return Ok(None),
         };
-        if !is_printable(protocol.as_bytes()) {
-            return Err(UpstreamError::InvalidClientUpgrade(
-                protocol.as_bytes().to_vec(),
-            ));
-        }
-        Ok(Some(Box::new(Upgrade {
-            protocol,
+        Ok(Some(Box::new(Tunnel {
+            asked,
             client: hyper::upgrade::on(&mut *req),
             deadline: req.extensions().get::<TunnelDeadline>().copied(),
         })))
     }
 
-    /// The app switched protocols: a tunnel between the client and `app`,
-    /// if the app switched to the protocol the client asked for; `502`
-    /// otherwise, as Go's reverse proxy answers. The `101` goes to the
-    /// client with its `Connection` and `Upgrade`.
-    fn switched(
-        asked: Option<Box<Upgrade>>,
-        (res, app): (Response<()>, AppIo),
+    /// The app accepted a tunnel with `head` (a `101`, or a `2xx` to
+    /// `CONNECT`): the tunnel between the client and `app` runs, and the
+    /// head goes to the client. An upgrade to another protocol than the
+    /// client asked for (or one nobody asked for) is `502`, as Go's
+    /// reverse proxy answers; a `101` keeps its `Connection` and
+    /// `Upgrade`, a `CONNECT`'s answer is passed on without hop-by-hop
+    /// headers or body framing.
+    fn open(
+        tunnel: Option<Box<Tunnel>>,
+        mut head: Response<()>,
+        app: AppSide,
     ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let offered = hop::upgrade_type(res.headers()).map(HeaderValue::as_bytes);
-        let asked = match (asked, offered) {
-            (Some(asked), Some(offered))
-                if asked.protocol.as_bytes().eq_ignore_ascii_case(offered) =>
-            {
-                asked
-            }
-            (asked, offered) => {
-                let requested = asked.as_ref().map(|a| a.protocol.as_bytes());
-                return Err(mismatch(requested, offered));
-            }
+        let offered = || hop::upgrade_type(head.headers()).map(HeaderValue::as_bytes);
+        let Some(tunnel) = tunnel else {
+            return Err(mismatch(None, offered()));
         };
-        let Upgrade {
+        match &tunnel.asked {
+            Asked::Upgrade(protocol) => {
+                if !offered().is_some_and(|o| protocol.as_bytes().eq_ignore_ascii_case(o)) {
+                    return Err(mismatch(Some(protocol.as_bytes()), offered()));
+                }
+            }
+            Asked::Connect => {
+                pass_on(&mut head);
+                // What follows the head is the tunnel's: no body framing.
+                head.headers_mut().remove(CONTENT_LENGTH);
+                head.headers_mut().remove(TRANSFER_ENCODING);
+            }
+        }
+        let Tunnel {
             client, deadline, ..
-        } = *asked;
-        let mut res = res.map(|()| ProxyBody::from(ReplyBody::empty()));
+        } = *tunnel;
+        let mut res = head.map(|()| ProxyBody::from(ReplyBody::empty()));
         res.extensions_mut()
             .insert(tunnel_copy::spawn(client, app, deadline));
         Ok(res)
@@ -234,88 +254,55 @@ impl Proxy {
         hop
     }
 
-    /// An HTTP/2 request, over h2c.
+    /// An HTTP/2 request, over h2c. A `CONNECT` is passed on as Go's
+    /// reverse proxy passes it: the client's stream and the app's answer
+    /// streamed both ways. hyper's server hands the client's stream over
+    /// once a `2xx` head is sent, so a `2xx` answer becomes a tunnel
+    /// between the two streams (the app's body included, without its
+    /// `Content-Length`, which a `2xx` to `CONNECT` may not carry);
+    /// anything else is an ordinary response.
     async fn forward_h2(
         &self,
         req: Request<RequestBody>,
+        tunnel: Option<Box<Tunnel>>,
     ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let req = self.h2_request(req)?;
-        Ok(finish(self.upstream.send_h2c(req).await?))
-    }
-
-    /// A `CONNECT`, as Go's reverse proxy passes it: to the app with the
-    /// client's target, on a connection of its own; a `2xx` answer makes
-    /// the two connections one tunnel (the app's bytes after its head
-    /// included), anything else is an ordinary response.
-    async fn connect(
-        &self,
-        mut req: Request<RequestBody>,
-    ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let client = hyper::upgrade::on(&mut req);
-        let deadline = req.extensions().get::<TunnelDeadline>().copied();
-        let (mut parts, body) = req.into_parts();
-        if let Some(authority) = parts.uri.authority() {
-            let host = HeaderValue::try_from(authority.as_str())
-                .map_err(|_| UpstreamError::InvalidHost)?;
-            parts.headers.insert(HOST, host);
-        }
-        parts.version = Version::HTTP_11;
-        let req = Http1Request::new(Request::from_parts(parts, body));
-        match self.upstream.send_connect(req).await? {
-            Answer::Switched(switched) => {
-                let (mut res, app) = *switched;
-                pass_on(&mut res);
-                // What follows the head is the tunnel's: no body framing.
-                res.headers_mut().remove(CONTENT_LENGTH);
-                res.headers_mut().remove(TRANSFER_ENCODING);
-                let tunnel = tunnel_copy::spawn(client, app, deadline);
-                res.extensions_mut().insert(tunnel);
-                Ok(res.map(|()| ProxyBody::from(ReplyBody::empty())))
-            }
-            Answer::Response(res) => Ok(finish(res)),
-        }
-    }
-
-    /// A `CONNECT` over HTTP/2, as Go's reverse proxy passes it: to the app
-    /// over h2c, the client's stream and the app's answer streamed both
-    /// ways. hyper's server hands the client's stream over once a `2xx`
-    /// head is sent, so a `2xx` answer becomes a tunnel between the two
-    /// streams (the app's body included, without its `Content-Length`,
-    /// which a `2xx` to `CONNECT` may not carry); anything else is an
-    /// ordinary response.
-    async fn connect_h2(
-        &self,
-        mut req: Request<RequestBody>,
-    ) -> Result<Response<ProxyBody>, UpstreamError> {
-        let client = hyper::upgrade::on(&mut req);
-        let deadline = req.extensions().get::<TunnelDeadline>().copied();
+        let Some(tunnel) = tunnel else {
+            let req = self.h2_request(req)?;
+            return Ok(finish(self.upstream.send_h2c(req).await?));
+        };
         // One message in flight: the client is read as fast as the app's
         // stream takes it.
         let (to_app, from_client) = mpsc::channel(1);
         let req = self.h2_request(
             req.map(|body| RequestBody::new(Content::Tunnel(from_client), body.facts)),
         )?;
-        let mut res = self.upstream.send_h2c(req).await?;
-        pass_on(&mut res);
-        if res.status().is_success() {
-            res.headers_mut().remove(CONTENT_LENGTH);
-            let (parts, from_app) = res.into_parts();
-            let tunnel = tunnel_copy::spawn_stream(client, from_app, to_app, deadline);
-            let mut res = Response::from_parts(parts, ProxyBody::from(ReplyBody::empty()));
-            res.extensions_mut().insert(tunnel);
-            return Ok(res);
+        let res = self.upstream.send_h2c(req).await?;
+        if !res.status().is_success() {
+            return Ok(finish(res));
         }
-        Ok(res)
+        let (parts, from_app) = res.into_parts();
+        let head = Response::from_parts(parts, ());
+        Tunnel::open(Some(tunnel), head, AppSide::Stream { from_app, to_app })
     }
 
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin
     /// form, keeping the client's host in `Host` (the app's address when
-    /// the client sent none, as Go's transport writes it).
+    /// the client sent none, as Go's transport writes it). A `CONNECT`
+    /// keeps the client's target, which is its `Host` too.
     fn http1_request(
         &self,
         req: Request<RequestBody>,
     ) -> Result<Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
+        parts.version = Version::HTTP_11;
+        if parts.method == Method::CONNECT {
+            if let Some(authority) = parts.uri.authority() {
+                let host = HeaderValue::try_from(authority.as_str())
+                    .map_err(|_| UpstreamError::InvalidHost)?;
+                parts.headers.insert(HOST, host);
+            }
+            return Ok(Request::from_parts(parts, body));
+        }
         let uri = std::mem::take(&mut parts.uri).into_parts();
         // The host of an absolute-form request line wins over `Host`, as in Go.
         if let Some(authority) = uri.authority {
@@ -331,7 +318,6 @@ impl Proxy {
             Some(path) if path.as_str() != "/" => Uri::from(path),
             _ => Uri::from_static("/"),
         };
-        parts.version = Version::HTTP_11;
         Ok(Request::from_parts(parts, body))
     }
 

@@ -16,20 +16,19 @@
 //! still goes to the client, for at most [`AFTER_CLIENT_ENDS`]: an app
 //! that never closes its side holds nothing for long.
 //!
-//! A `CONNECT` over HTTP/2 is a tunnel too ([`spawn_stream`]), with a
+//! A `CONNECT` over HTTP/2 is a tunnel too ([`AppSide::Stream`]), with a
 //! stream instead of a connection on each side: the client's, upgraded by
 //! hyper's server once the `2xx` is sent, and the app's, whose answer body
 //! is read and whose request body is fed, as Go's reverse proxy streams
 //! both.
 
-use std::future::Future;
 use std::io;
 use std::pin::pin;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::upgrade::OnUpgrade;
+use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -45,134 +44,41 @@ const READ: usize = 16 * 1024;
 /// sending: as long as a shutdown waits for upgraded connections.
 pub(crate) const AFTER_CLIENT_ENDS: Duration = Duration::from_secs(60);
 
+/// The app's side of a tunnel.
+pub(crate) enum AppSide {
+    /// The app's HTTP/1.1 connection, after its `101` (or its `2xx` to
+    /// `CONNECT`).
+    Connection(AppIo),
+    /// The app's h2c stream of an HTTP/2 `CONNECT`: its answer body, read,
+    /// and its request body, fed.
+    Stream {
+        /// The app's answer body.
+        from_app: ProxyBody,
+        /// The app's request body.
+        to_app: mpsc::Sender<Bytes>,
+    },
+}
+
 /// Runs the tunnel between the client (once hyper's server has sent the
-/// `101`, or the `2xx` to `CONNECT`) and the app's connection in its own
-/// task, and returns the handle the response carries.
-pub(super) fn spawn(client: OnUpgrade, app: AppIo, deadline: Option<TunnelDeadline>) -> Tunnel {
+/// `101`, or the `2xx` to `CONNECT`) and the app's side in its own task,
+/// at most until `deadline`, and returns the handle the response carries.
+pub(super) fn spawn(client: OnUpgrade, app: AppSide, deadline: Option<TunnelDeadline>) -> Tunnel {
     let tunnel = Tunnel::open();
     let handle = tunnel.clone();
     let ends = tunnel.clone();
     let copy = async move {
         let client = match client.await {
-            Ok(client) => client,
+            Ok(client) => TokioIo::new(client),
             Err(e) => {
                 tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
                 return;
             }
         };
-        let (mut from_client, mut to_client) = tokio::io::split(TokioIo::new(client));
-        let (mut from_app, mut to_app) = tokio::io::split(app);
-        let mut up = pin!(async {
-            let copied = tokio::io::copy(&mut from_client, &mut to_app).await;
-            let _ = to_app.shutdown().await;
-            copied
-        });
-        let mut down = pin!(async {
-            let copied = tokio::io::copy(&mut from_app, &mut to_client).await;
-            let _ = to_client.shutdown().await;
-            copied
-        });
-        let (up, down) = tokio::select! {
-            up = &mut up => {
-                // The client is done: so is its request.
-                ends.close();
-                let down = tokio::time::timeout(AFTER_CLIENT_ENDS, down).await;
-                (up, down.unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())))
-            }
-            down = &mut down => (up.await, down),
-        };
-        match (up, down) {
-            (Ok(up), Ok(down)) => tracing::debug!(up, down, "upgraded connection closed"),
-            (up, down) => tracing::debug!(?up, ?down, "upgraded connection failed"),
+        match app {
+            AppSide::Connection(app) => copy_connection(client, app, &ends).await,
+            AppSide::Stream { from_app, to_app } => copy_stream(client, from_app, to_app).await,
         }
     };
-    run_with(tunnel, deadline, copy);
-    handle
-}
-
-/// Runs the tunnel of an HTTP/2 `CONNECT` in its own task: what the
-/// client sends goes to `to_app` (the app's request body), the app's answer
-/// body `from_app` goes to the client. A side that ends half-closes the
-/// other, whose copy goes on; a side that fails ends both.
-pub(super) fn spawn_stream(
-    client: OnUpgrade,
-    from_app: ProxyBody,
-    to_app: mpsc::Sender<Bytes>,
-    deadline: Option<TunnelDeadline>,
-) -> Tunnel {
-    run(deadline, async move {
-        let client = match client.await {
-            Ok(client) => client,
-            Err(e) => {
-                tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
-                return;
-            }
-        };
-        let (mut read, mut write) = tokio::io::split(TokioIo::new(client));
-        let mut up = pin!(async move {
-            let mut buf = BytesMut::new();
-            loop {
-                buf.reserve(READ);
-                match read.read_buf(&mut buf).await {
-                    // Dropping `to_app` ends the app's request stream.
-                    Ok(0) => return true,
-                    Ok(_) => {
-                        if to_app.send(buf.split().freeze()).await.is_err() {
-                            return false;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "tunnel: reading the client failed");
-                        return false;
-                    }
-                }
-            }
-        });
-        let mut down = pin!(async move {
-            let mut from_app = pin!(from_app);
-            while let Some(frame) = from_app.frame().await {
-                let data = match frame.map(http_body::Frame::into_data) {
-                    Ok(Ok(data)) => data,
-                    Ok(Err(_)) => continue,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "tunnel: the app's stream failed");
-                        return false;
-                    }
-                };
-                if let Err(e) = write.write_all(&data).await {
-                    tracing::debug!(error = %e, "tunnel: writing to the client failed");
-                    return false;
-                }
-            }
-            write.shutdown().await.is_ok()
-        });
-        let clean = tokio::select! {
-            ended = &mut up => ended && down.await,
-            ended = &mut down => ended && up.await,
-        };
-        tracing::debug!(clean, "HTTP/2 CONNECT tunnel ended");
-    })
-}
-
-/// Runs `copy` in a task of its own, at most until `deadline`, and returns
-/// the handle of the tunnel it is.
-fn run(
-    deadline: Option<TunnelDeadline>,
-    copy: impl Future<Output = ()> + Send + 'static,
-) -> Tunnel {
-    let tunnel = Tunnel::open();
-    let handle = tunnel.clone();
-    run_with(tunnel, deadline, copy);
-    handle
-}
-
-/// Runs `copy` in a task of its own, at most until `deadline`, then closes
-/// `tunnel`.
-fn run_with(
-    tunnel: Tunnel,
-    deadline: Option<TunnelDeadline>,
-    copy: impl Future<Output = ()> + Send + 'static,
-) {
     tokio::spawn(async move {
         match deadline {
             Some(TunnelDeadline(at)) => {
@@ -184,4 +90,86 @@ fn run_with(
         }
         tunnel.close();
     });
+    handle
+}
+
+/// Copies bytes both ways between the client and the app's connection;
+/// once the client stops sending, `ends` is closed and the app's answer
+/// flows on for at most [`AFTER_CLIENT_ENDS`].
+async fn copy_connection(client: TokioIo<Upgraded>, app: AppIo, ends: &Tunnel) {
+    let (mut from_client, mut to_client) = tokio::io::split(client);
+    let (mut from_app, mut to_app) = tokio::io::split(app);
+    let mut up = pin!(async {
+        let copied = tokio::io::copy(&mut from_client, &mut to_app).await;
+        let _ = to_app.shutdown().await;
+        copied
+    });
+    let mut down = pin!(async {
+        let copied = tokio::io::copy(&mut from_app, &mut to_client).await;
+        let _ = to_client.shutdown().await;
+        copied
+    });
+    let (up, down) = tokio::select! {
+        up = &mut up => {
+            // The client is done: so is its request.
+            ends.close();
+            let down = tokio::time::timeout(AFTER_CLIENT_ENDS, down).await;
+            (up, down.unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())))
+        }
+        down = &mut down => (up.await, down),
+    };
+    match (up, down) {
+        (Ok(up), Ok(down)) => tracing::debug!(up, down, "upgraded connection closed"),
+        (up, down) => tracing::debug!(?up, ?down, "upgraded connection failed"),
+    }
+}
+
+/// Copies an HTTP/2 `CONNECT`'s bytes: what the client sends goes to
+/// `to_app` (the app's request body), the app's answer body `from_app`
+/// goes to the client. A side that ends half-closes the other, whose copy
+/// goes on; a side that fails ends both.
+async fn copy_stream(client: TokioIo<Upgraded>, from_app: ProxyBody, to_app: mpsc::Sender<Bytes>) {
+    let (mut read, mut write) = tokio::io::split(client);
+    let mut up = pin!(async move {
+        let mut buf = BytesMut::new();
+        loop {
+            buf.reserve(READ);
+            match read.read_buf(&mut buf).await {
+                // Dropping `to_app` ends the app's request stream.
+                Ok(0) => return true,
+                Ok(_) => {
+                    if to_app.send(buf.split().freeze()).await.is_err() {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "tunnel: reading the client failed");
+                    return false;
+                }
+            }
+        }
+    });
+    let mut down = pin!(async move {
+        let mut from_app = pin!(from_app);
+        while let Some(frame) = from_app.frame().await {
+            let data = match frame.map(http_body::Frame::into_data) {
+                Ok(Ok(data)) => data,
+                Ok(Err(_)) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "tunnel: the app's stream failed");
+                    return false;
+                }
+            };
+            if let Err(e) = write.write_all(&data).await {
+                tracing::debug!(error = %e, "tunnel: writing to the client failed");
+                return false;
+            }
+        }
+        write.shutdown().await.is_ok()
+    });
+    let clean = tokio::select! {
+        ended = &mut up => ended && down.await,
+        ended = &mut down => ended && up.await,
+    };
+    tracing::debug!(clean, "HTTP/2 CONNECT tunnel ended");
 }

@@ -119,13 +119,21 @@ impl Upstream {
     }
 
     /// Sends an HTTP/1.1 request over a pooled connection (or a new one),
-    /// sending it again by the rules above.
+    /// sending it again by the rules above. A `CONNECT` goes on a
+    /// connection of its own, its authority-form target as the client
+    /// wrote it; a `2xx` answer leaves that connection to the tunnel, and
+    /// no other answer's connection is reused.
     pub(crate) async fn send(&self, req: Http1Request) -> Result<Answer, UpstreamError> {
         let Http1Request {
             mut out,
             mut headers,
             replayable,
+            connect,
         } = req;
+        if connect {
+            let conn = self.dial().await?;
+            return self.exchange_on(conn, &mut out, &mut headers, true).await;
+        }
         // Once sent again after the app dropped it: on a new connection.
         let mut fresh = false;
         loop {
@@ -161,19 +169,6 @@ impl Upstream {
             }
             return Err(err);
         }
-    }
-
-    /// Sends a `CONNECT` on a connection of its own, its authority-form
-    /// target as the client wrote it. A `2xx` answer leaves that
-    /// connection to the tunnel; no other answer's connection is reused.
-    pub(crate) async fn send_connect(&self, req: Http1Request) -> Result<Answer, UpstreamError> {
-        let Http1Request {
-            mut out,
-            mut headers,
-            ..
-        } = req;
-        let conn = self.dial().await?;
-        self.exchange_on(conn, &mut out, &mut headers, true).await
     }
 
     /// Sends `out` on `conn` and answers with the app's response (its
@@ -263,6 +258,8 @@ pub(crate) struct Http1Request {
     headers: HeaderMap,
     /// It may be sent again after it was written, by Go's rule.
     replayable: bool,
+    /// A `CONNECT`, sent on a connection of its own.
+    connect: bool,
 }
 
 impl Http1Request {
@@ -270,6 +267,7 @@ impl Http1Request {
     /// its `Host` set.
     pub(crate) fn new(req: Request<RequestBody>) -> Self {
         let replayable = replayable(&req);
+        let connect = req.method() == Method::CONNECT;
         let (mut parts, body) = req.into_parts();
         let payload = match body.content {
             Content::Empty => Payload::None,
@@ -284,6 +282,7 @@ impl Http1Request {
             out,
             headers: parts.headers,
             replayable,
+            connect,
         }
     }
 }
