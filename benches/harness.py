@@ -982,7 +982,7 @@ PARTS = (
     ("header maps", r"http::header::map"),
     ("the exchange with the app", r"qproxy_http1::client|qproxy_http1::pool|qproxy::proxy::"),
     ("request metrics", r"metrics_exporter_prometheus|metrics::|quanta::|qproxy::observe::"),
-    ("the layers", r"qproxy::layers::|qproxy::stack|breaker::|qproxy::common::|autoscaler_client::"),
+    ("the layers", r"qproxy::layers::|qproxy::stack|qproxy_breaker::|qproxy::common::|qproxy_autoscaler_client::"),
     ("the connections' loops", r"qproxy_http1::|qproxy::server::"),
     ("HTTP/2 (hyper, h2)", r"hyper::|h2::|hpack"),
     ("tokio", r"tokio::|mio::"),

@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use autoscaler_client::Stat;
+use qproxy_autoscaler_client::Stat;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::process::Command;
 
-use go_template::{Object, Template, Value};
+use qproxy_go_template::{Object, Template, Value};
 
 struct Url;
 

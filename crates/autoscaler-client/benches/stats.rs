@@ -10,8 +10,8 @@ use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use autoscaler_client::{Event, Nanos, RequestStats};
 use criterion::{Criterion, criterion_group, criterion_main};
+use qproxy_autoscaler_client::{Event, Nanos, RequestStats};
 
 /// Knative's shape: one mutex around the whole state.
 #[derive(Default)]
@@ -84,7 +84,7 @@ fn per_request(c: &mut Criterion) {
 
 /// Encoding the `Stat` the autoscaler scrapes every second.
 fn encode_stat(c: &mut Criterion) {
-    let stat = autoscaler_client::Stat {
+    let stat = qproxy_autoscaler_client::Stat {
         pod_name: "hello-00001-deployment-6d8d4bd5b-x7k2p".to_owned(),
         average_concurrent_requests: 3.25,
         average_proxied_concurrent_requests: 0.5,

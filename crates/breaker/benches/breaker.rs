@@ -10,8 +10,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use breaker::Breaker;
 use criterion::{Criterion, criterion_group, criterion_main};
+use qproxy_breaker::Breaker;
 use tokio::runtime::{Builder, Runtime};
 use tokio::sync::Semaphore;
 

@@ -7,7 +7,7 @@
 //! taken.
 //!
 //! ```
-//! # async fn serve(breaker: &breaker::Breaker) -> Result<(), breaker::QueueFull> {
+//! # async fn serve(breaker: &qproxy_breaker::Breaker) -> Result<(), qproxy_breaker::QueueFull> {
 //! let permit = breaker.acquire()?.await; // refused at once, or queued
 //! // ... the request runs; dropping the permit frees its slot ...
 //! drop(permit);

@@ -1,13 +1,13 @@
 //! Every interleaving of a few threads racing through the breaker's
 //! lock-free and locked paths, explored by loom. Run with
-//! `RUSTFLAGS="--cfg loom" cargo test -p breaker --release --test loom`.
+//! `RUSTFLAGS="--cfg loom" cargo test -p qproxy-breaker --release --test loom`.
 #![cfg(loom)]
 
 use std::time::Duration;
 
-use breaker::{Breaker, GradientSettings};
 use loom::future::block_on;
 use loom::thread;
+use qproxy_breaker::{Breaker, GradientSettings};
 
 /// Two requests for one slot: both run, one after the other, and the
 /// breaker ends empty.

@@ -233,9 +233,9 @@ impl<B: http_body::Body, G: Settle> Guarded<B, G> {
 }
 
 /// An answer of qproxy's own made above the breaker holds no slot.
-impl<B: From<ReplyBody>> From<ReplyBody> for breaker::PermitBody<B> {
+impl<B: From<ReplyBody>> From<ReplyBody> for qproxy_breaker::PermitBody<B> {
     fn from(body: ReplyBody) -> Self {
-        breaker::PermitBody::new(B::from(body))
+        qproxy_breaker::PermitBody::new(B::from(body))
     }
 }
 

@@ -27,7 +27,7 @@
 //! beyond Go's own.
 //!
 //! ```
-//! use go_template::{Template, Value};
+//! use qproxy_go_template::{Template, Value};
 //!
 //! let t = Template::parse(r#"{{js .}} is {{len .}} bytes"#).unwrap();
 //! let mut out = Vec::new();

@@ -2,7 +2,7 @@
 //!
 //! With the `adaptive-concurrency` option on a revision without
 //! `containerConcurrency`, the breaker's capacity follows the app
-//! ([`breaker::Breaker::adaptive`]). The limit in force and the app's
+//! ([`qproxy_breaker::Breaker::adaptive`]). The limit in force and the app's
 //! unloaded latency the rule last measured are served on the user metrics
 //! port (9091) with the revision's labels, as
 //! `qproxy_adaptive_concurrency_limit` and
@@ -11,8 +11,8 @@
 //! `qproxy.adaptive_concurrency.limit` and
 //! `qproxy.adaptive_concurrency.unloaded` (unit `s`) beside them.
 
-use breaker::Breaker;
 use opentelemetry::metrics::{Meter, ObservableGauge};
+use qproxy_breaker::Breaker;
 
 use crate::prom_text::gauge;
 
@@ -72,7 +72,7 @@ impl AdaptiveLimit {
 mod tests {
     use std::time::Duration;
 
-    use breaker::GradientSettings;
+    use qproxy_breaker::GradientSettings;
 
     use super::*;
 

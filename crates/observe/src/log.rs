@@ -35,9 +35,10 @@ use qproxy_core::config::Revision;
 
 use crate::config::{Level, LevelStyle, LogOutput, LogSampling, Logging, TimeStyle};
 
-/// The crates whose events follow the configured level: targets start
-/// with a crate's name, and `qproxy` covers every `qproxy_*` crate.
-const OUR_CRATES: [&str; 3] = ["qproxy", "breaker", "autoscaler_client"];
+/// The prefix of the targets whose events follow the configured level:
+/// a target starts with its crate's name, and every crate of qproxy's is
+/// `qproxy` or `qproxy_*`.
+const OURS: &str = "qproxy";
 
 /// A [`Layer`] writing zap-style JSON lines.
 #[derive(Debug)]
@@ -179,7 +180,7 @@ impl ZapLayer {
     /// Events of qproxy's own crates follow the configured level; other
     /// crates' only show from `WARN` up.
     fn wants(&self, meta: &Metadata<'_>) -> bool {
-        let ours = OUR_CRATES.iter().any(|c| meta.target().starts_with(c));
+        let ours = meta.target().starts_with(OURS);
         let max = if ours {
             self.max
         } else {
@@ -605,7 +606,7 @@ mod tests {
         let lines = capture(&logging("", "debug"), at(1_700_000_000, 0), || {
             tracing::debug!(target: "qproxy::server", "sidecar");
             tracing::debug!(target: "qproxy_http1::client", "http1");
-            tracing::debug!(target: "breaker", "breaker");
+            tracing::debug!(target: "qproxy_breaker", "breaker");
             tracing::info!(target: "h2::proto", "a dependency's info");
             tracing::warn!(target: "h2::proto", "a dependency's warning");
         });

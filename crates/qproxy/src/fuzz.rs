@@ -32,7 +32,7 @@ pub fn request_log_line<B: http_body::Body>(
     size: u64,
     latency: Duration,
 ) -> Option<Vec<u8>> {
-    let parsed = go_template::Template::parse(template).ok()?;
+    let parsed = qproxy_go_template::Template::parse(template).ok()?;
     let revision = Revision {
         namespace: "default".into(),
         service: "hello".into(),

@@ -51,8 +51,8 @@ use http::{Request, Response};
 use qproxy_core::body::RequestBody;
 use tower::{Service, ServiceBuilder};
 
-use autoscaler_client::{MonotonicClock, RequestStats};
-use breaker::{Breaker, PermitBody};
+use qproxy_autoscaler_client::{MonotonicClock, RequestStats};
+use qproxy_breaker::{Breaker, PermitBody};
 
 use crate::config::{Generation, LiveOptions, Timeouts};
 use crate::drain::Drainer;

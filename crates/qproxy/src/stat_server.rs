@@ -10,8 +10,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use http::{Request, Response};
+use qproxy_autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use qproxy_core::body::RequestBody;
 
 use qproxy_core::body::ReplyBody;

@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
 use http::Request;
+use qproxy_autoscaler_client::{Clock, Event, MonotonicClock, RequestStats};
 use tower::Layer;
 
 use crate::observing::{Observe, Observing};

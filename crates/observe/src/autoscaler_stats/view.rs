@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use autoscaler_client::{Reporter, Stat};
+use qproxy_autoscaler_client::{Reporter, Stat};
 
 use crate::prom_text::{gauge, label};
 use qproxy_core::config::Revision;
@@ -100,7 +100,7 @@ impl AutoscalerView {
 mod tests {
     use super::*;
 
-    use autoscaler_client::Report;
+    use qproxy_autoscaler_client::Report;
 
     fn revision() -> Revision {
         Revision {

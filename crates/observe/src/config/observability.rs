@@ -84,7 +84,9 @@ impl RequestLogConfig {
     /// The template to render, with the newline Knative adds when it lacks
     /// one; `None` when request logs are off (not enabled, or an empty
     /// template, which Knative takes as off).
-    pub fn template(&self) -> Option<Result<go_template::Template, go_template::ParseError>> {
+    pub fn template(
+        &self,
+    ) -> Option<Result<qproxy_go_template::Template, qproxy_go_template::ParseError>> {
         if !self.enabled || self.template.is_empty() {
             return None;
         }
@@ -92,7 +94,7 @@ impl RequestLogConfig {
         if !src.ends_with('\n') {
             src.push('\n');
         }
-        Some(go_template::Template::parse(&src))
+        Some(qproxy_go_template::Template::parse(&src))
     }
 
     /// Rejects a template that does not parse, naming `variable`. Knative

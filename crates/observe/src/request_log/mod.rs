@@ -33,8 +33,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use go_template::{Object, Template, Value, canonical_header_key, float_v};
 use http::{HeaderMap, Method, Request, Uri, Version};
+use qproxy_go_template::{Object, Template, Value, canonical_header_key, float_v};
 use qproxy_http1::wire::token::connection_has;
 
 use crate::semconv;

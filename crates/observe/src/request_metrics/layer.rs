@@ -25,8 +25,8 @@
 
 use std::borrow::Cow;
 
-use breaker::Breaker;
 use http::Request;
+use qproxy_breaker::Breaker;
 use tower::Layer;
 
 use crate::UserMetrics;

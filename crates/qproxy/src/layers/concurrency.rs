@@ -1,6 +1,6 @@
 //! `containerConcurrency`: the breaker between the client and the app.
 //!
-//! With `CONTAINER_CONCURRENCY > 0`, a [`breaker::Breaker`] with that many
+//! With `CONTAINER_CONCURRENCY > 0`, a [`qproxy_breaker::Breaker`] with that many
 //! slots and a queue of ten times as many waiting requests; a request that
 //! finds both full is answered `503` `pending request queue full` at once.
 //! Kubelet probes never take a slot. With `0` there is no limit, unless
@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use breaker::{Breaker, BreakerLayer, Exempt, GradientSettings, QueueFull, Waited};
 use http::{Request, Response, StatusCode};
+use qproxy_breaker::{Breaker, BreakerLayer, Exempt, GradientSettings, QueueFull, Waited};
 
 use crate::config::{LiveOptions, Opt};
 use qproxy_core::body::ReplyBody;

@@ -19,8 +19,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use graceful::GracefulShutdown;
+use qproxy_autoscaler_client::{Clock, MonotonicClock, Reporter, RequestStats};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 

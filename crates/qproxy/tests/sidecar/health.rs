@@ -42,7 +42,7 @@ async fn stat_gauges(stats: SocketAddr) -> Gauges {
     use prost::Message;
     let res = h1(stats, get("/metrics", &[])).await;
     let body = res.into_body().collect().await.unwrap().to_bytes();
-    let stat = autoscaler_client::Stat::decode(body).expect("a Stat");
+    let stat = qproxy_autoscaler_client::Stat::decode(body).expect("a Stat");
     Gauges {
         requests_per_second: stat.request_count,
         uptime: stat.process_uptime,

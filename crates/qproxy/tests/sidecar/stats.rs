@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use autoscaler_client::Stat;
 use http::{Request, StatusCode};
 use prost::Message;
+use qproxy_autoscaler_client::Stat;
 use qproxy_test_support::*;
 
 /// Scrapes the stats port as Knative's autoscaler does.
