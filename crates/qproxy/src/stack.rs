@@ -88,7 +88,7 @@ pub(crate) type MainBody = LoggedBody<
 
 /// State shared by every connection of the main port.
 #[derive(Debug, Clone)]
-pub(crate) struct MainPort {
+pub(crate) struct PortState {
     /// The user container.
     pub(crate) upstream: Arc<Upstream>,
     /// `containerConcurrency`, when limited.
@@ -118,7 +118,7 @@ pub(crate) struct MainPort {
 
 /// The service handling the requests of one main-port connection.
 pub(crate) fn main_service(
-    port: &MainPort,
+    port: &PortState,
     conn: Accepted,
 ) -> impl Service<
     Request<RequestBody>,
@@ -165,7 +165,7 @@ pub(crate) fn main_service(
 /// revision's request metrics.
 type RevisionObservers = (TraceLayer, MetricsLayer);
 
-fn revision_observers(port: &MainPort, conn: Accepted) -> RevisionObservers {
+fn revision_observers(port: &PortState, conn: Accepted) -> RevisionObservers {
     let observers = &port.observers;
     (
         TraceLayer::server(observers.traces.clone(), conn.remote),
@@ -182,7 +182,7 @@ type ProxyObservers = (
     RewriteLayer<HostRewrite>,
 );
 
-fn proxy_observers(port: &MainPort) -> ProxyObservers {
+fn proxy_observers(port: &PortState) -> ProxyObservers {
     (
         RewriteLayer::new(ForwardedShim),
         TraceLayer::proxy(port.observers.traces.clone(), port.breaker.is_some()),
@@ -194,7 +194,7 @@ fn proxy_observers(port: &MainPort) -> ProxyObservers {
 /// Past the breaker: the client span, then the app's request metrics.
 type AppObservers = (TraceLayer, MetricsLayer);
 
-fn app_observers(port: &MainPort) -> AppObservers {
+fn app_observers(port: &PortState) -> AppObservers {
     let observers = &port.observers;
     (
         TraceLayer::client(observers.traces.clone()),

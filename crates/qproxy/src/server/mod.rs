@@ -36,7 +36,7 @@ use crate::layers::concurrency;
 use crate::profiling::{self, Profiling};
 use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
-use crate::stack::{self, MainPort};
+use crate::stack::{self, PortState};
 use crate::stat_server::{self, REPORTING_PERIOD, StatsEndpoint};
 use crate::tls::TlsPort;
 use conn::{main_builder, serve, small_server};
@@ -145,7 +145,7 @@ impl Server {
 #[cfg(feature = "fuzzing")]
 #[derive(Debug)]
 pub struct MainPort {
-    shared: MainPort,
+    shared: PortState,
     graceful: GracefulShutdown,
 }
 
@@ -182,7 +182,7 @@ impl MainPort {
 /// The state behind the servers, built from the configuration.
 struct Parts {
     /// What every connection of the main port shares.
-    main: MainPort,
+    main: PortState,
     /// The latest autoscaler `Stat`.
     reporter: Arc<Reporter>,
     /// The admin server's drain hook.
@@ -212,7 +212,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
         queue_wait: breaker.as_ref().map(|_| Arc::new(QueueWait::default())),
         adaptive: AdaptiveLimit::of(breaker.as_ref()),
     };
-    let main = MainPort {
+    let main = PortState {
         upstream: Arc::new(Upstream::new(
             config.ports.user,
             config.upstream_idle_connections(),
