@@ -85,21 +85,6 @@ impl RequestBody {
     pub fn new(content: Content, facts: Facts) -> Self {
         Self { content, facts }
     }
-
-    /// The body of a request hyper read, and its facts: the client's
-    /// body, or [`Content::Empty`] when it has none, so that the request
-    /// stays replayable.
-    pub fn from_client(req: Request<Incoming>) -> Request<Self> {
-        let facts = Facts::of(req.headers());
-        req.map(|body| {
-            let content = if http_body::Body::is_end_stream(&body) {
-                Content::Empty
-            } else {
-                Content::Client(body)
-            };
-            RequestBody::new(content, facts)
-        })
-    }
 }
 
 impl MakeBody for RequestBody {
@@ -109,6 +94,15 @@ impl MakeBody for RequestBody {
 
     fn whole(body: WholeBody, headers: &HeaderMap) -> Self {
         RequestBody::new(Content::Full(body), Facts::of(headers))
+    }
+
+    fn streamed(body: Incoming, headers: &HeaderMap) -> Self {
+        let content = if http_body::Body::is_end_stream(&body) {
+            Content::Empty
+        } else {
+            Content::Client(body)
+        };
+        RequestBody::new(content, Facts::of(headers))
     }
 }
 

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`wire`] | the rules both roles follow: header tokens, `Content-Length`, title-cased names, reads onto a buffer, the `Date` header |
 //! | [`limits`] | the sizes a head may reach |
-//! | [`server`] | the server role: a request head read and served, its response written, the hand-off to hyper for what it does not take |
+//! | [`server`] | the server role: a client's connection from its first byte ([`server::conn::serve_connection`]: the first head read ahead, HTTP/1.1 told from h2c, one head clock, a graceful shutdown), a request head read and served, its response written, the hand-off to hyper for what it does not take |
 //! | [`client`] | the client role: a request written to the app, its response head and body read |
 //! | [`pool`] | the app's connections kept alive between requests |
 //!

@@ -1,5 +1,6 @@
 //! The request bodies [`serve`](super::serve) reads whole, and how the
-//! connection's owner makes its own request body type from them.
+//! connection's owner makes its own request body type from them and from
+//! hyper's.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -21,6 +22,9 @@ pub trait MakeBody {
     fn empty(headers: &HeaderMap) -> Self;
     /// A body read whole with its head, whose fields are `headers`.
     fn whole(body: WholeBody, headers: &HeaderMap) -> Self;
+    /// The body of a request hyper serves (once the connection is handed
+    /// over, or from its start), whose fields are `headers`.
+    fn streamed(body: hyper::body::Incoming, headers: &HeaderMap) -> Self;
 }
 
 /// A request body read whole by qproxy's own HTTP/1.1 server, which

@@ -1,5 +1,7 @@
-//! The server role: qproxy's own HTTP/1.1 server, for the requests that
-//! make most traffic:
+//! The server role: a client's connection from its first byte
+//! ([`conn::serve_connection`]; its head clock in `head.rs`), and
+//! qproxy's own HTTP/1.1 server ([`serve`]), for the requests that make
+//! most traffic:
 //! HTTP/1.1 requests that ask for no upgrade, without a body or with a
 //! small one (up to 64 KiB, its length given) sent with the head, as an
 //! event or an API call is.
@@ -27,10 +29,10 @@
 //!   body, if any, has been taken by the proxy to send, or let go of, as
 //!   Go's server starts watching when a body is read to its end): a
 //!   client that closes its end abandons its request, which is dropped;
-//! - a head's first bytes start its clock, and a graceful shutdown closes
-//!   an idle connection and lets one in flight finish, with
-//!   `Connection: close`: the connection's owner says how long a head may
-//!   take and when to stop ([`Lifecycle`]).
+//! - a head's first bytes start its clock (the connection's one
+//!   [`HeadClock`]), and a graceful shutdown closes an idle connection and
+//!   lets one in flight finish, with `Connection: close`: the connection's
+//!   owner says when to stop ([`Lifecycle`]).
 //!
 //! A body served here is read on after its head for as long as its bytes are
 //! there already, into a buffer the request's size, and handed to the service
@@ -51,7 +53,9 @@
 //! have always had.
 
 mod body;
+pub mod conn;
 mod encode;
+mod head;
 mod parse;
 mod rewind;
 
@@ -59,7 +63,6 @@ use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Request, Response};
@@ -69,6 +72,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 pub use body::{BodyRead, MakeBody, WholeBody};
+pub use head::HeadClock;
 pub use parse::MAX_BODY;
 pub use rewind::Rewind;
 
@@ -83,14 +87,9 @@ const KEEP_READ: usize = 2048;
 /// Bytes queued before they are written, even if the body has more ready.
 const WRITE_AT: usize = 64 * 1024;
 
-/// What the connection that [`serve`] serves needs from its owner: the
-/// head's clock and the graceful shutdown.
+/// What a connection needs from its owner besides its [`HeadClock`]: when
+/// to finish (a graceful shutdown).
 pub trait Lifecycle {
-    /// How long a head may take from its first bytes (the first head's
-    /// clock is the owner's own, started at accept).
-    fn head_timeout(&self) -> Duration;
-    /// The connection's first head has been read whole.
-    fn first_head_read(&self);
     /// Whether the connection is asked to finish.
     fn is_stopping(&self) -> bool;
     /// Resolves once the connection is asked to finish; made once for the
@@ -108,9 +107,16 @@ pub enum Served {
     HandOff(Bytes),
 }
 
-/// Serves requests on `io`, whose first bytes `first` have been read,
-/// until the connection ends or a request is one for hyper.
-pub async fn serve<IO, S, RB, B, L>(io: &mut IO, first: Bytes, conn: &L, service: &mut S) -> Served
+/// Serves requests on `io`, whose first bytes `first` have been read and
+/// whose heads `clock` times, until the connection ends or a request is
+/// one for hyper.
+pub async fn serve<IO, S, RB, B, L>(
+    io: &mut IO,
+    first: Bytes,
+    clock: &HeadClock,
+    conn: &L,
+    service: &mut S,
+) -> Served
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     L: Lifecycle,
@@ -192,7 +198,7 @@ where
             let read = poll_fn(|cx| poll_read_into(io, &mut pending, cx));
             let read = async {
                 match started {
-                    Some(at) => tokio::time::timeout_at(at + conn.head_timeout(), read)
+                    Some(at) => tokio::time::timeout_at(at + clock.timeout(), read)
                         .await
                         .unwrap_or(Ok(0)),
                     None => read.await,
@@ -213,7 +219,7 @@ where
             arrived = true;
         };
         if first_head {
-            conn.first_head_read();
+            clock.first_read();
             first_head = false;
         }
 

@@ -11,13 +11,12 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use qproxy_http1::BoxError;
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
-use qproxy_http1::server::{self, Lifecycle, MakeBody, Rewind, Served, WholeBody};
+use qproxy_http1::server::conn::{Protocols, serve_connection};
+use qproxy_http1::server::{HeadClock, Lifecycle, MakeBody, WholeBody};
 use tokio::io::DuplexStream;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 /// The request body a test service is given: none, one read whole by this
 /// crate's server, or hyper's.
@@ -35,6 +34,14 @@ impl MakeBody for TestBody {
 
     fn whole(body: WholeBody, _: &http::HeaderMap) -> Self {
         TestBody::Whole(body)
+    }
+
+    fn streamed(body: Incoming, _: &http::HeaderMap) -> Self {
+        if http_body::Body::is_end_stream(&body) {
+            TestBody::Empty
+        } else {
+            TestBody::Streamed(body)
+        }
     }
 }
 
@@ -72,16 +79,10 @@ impl http_body::Body for TestBody {
     }
 }
 
-/// A connection with a minute per head that is never asked to stop.
+/// A connection that is never asked to stop.
 struct TestLifecycle;
 
 impl Lifecycle for TestLifecycle {
-    fn head_timeout(&self) -> Duration {
-        Duration::from_secs(60)
-    }
-
-    fn first_head_read(&self) {}
-
     fn is_stopping(&self) -> bool {
         false
     }
@@ -91,9 +92,9 @@ impl Lifecycle for TestLifecycle {
     }
 }
 
-/// Serves `io` with `service`: by this crate's server until it hands the
-/// connection over, then by hyper set as qproxy's main port sets it (when
-/// `own`); by hyper alone otherwise.
+/// Serves `io` with `service` as qproxy serves its main port's HTTP/1.1
+/// ([`serve_connection`]): this crate's server until it hands the
+/// connection over, then hyper (when `own`); hyper alone otherwise.
 pub(crate) fn spawn_connection<S, B>(
     io: DuplexStream,
     own: bool,
@@ -108,34 +109,14 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .title_case_headers(true)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .max_headers(MAX_HEADER_FIELDS);
+    let protocols = Protocols::new(own, http1, None);
     tokio::spawn(async move {
-        let mut io = io;
-        let mut service = service;
-        let mut ahead = Bytes::new();
-        if own {
-            match server::serve(&mut io, Bytes::new(), &TestLifecycle, &mut service).await {
-                Served::Closed => return,
-                Served::HandOff(rest) => ahead = rest,
-            }
-        }
-        let service = service.map_request(|req: Request<Incoming>| {
-            req.map(|body| {
-                if http_body::Body::is_end_stream(&body) {
-                    TestBody::Empty
-                } else {
-                    TestBody::Streamed(body)
-                }
-            })
-        });
-        let _ = hyper::server::conn::http1::Builder::new()
-            .title_case_headers(true)
-            .max_buf_size(MAX_HEADER_BYTES)
-            .max_headers(MAX_HEADER_FIELDS)
-            .serve_connection(
-                TokioIo::new(Rewind::new(io, ahead)),
-                TowerToHyperService::new(service),
-            )
-            .with_upgrades()
-            .await;
+        let clock = HeadClock::new(Duration::from_secs(60));
+        serve_connection(io, clock, &protocols, service, &TestLifecycle).await;
     })
 }

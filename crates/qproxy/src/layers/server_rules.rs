@@ -12,26 +12,19 @@
 //! - a request head longer than Go reads (1 MiB and 4 KiB, request line
 //!   included) is `431` `Request Header Fields Too Large`, and the
 //!   connection is closed, before any of the above: Go refuses it as it
-//!   reads it. Only heads hyper reads can be that long ([`HeadLimit`], in
-//!   front of the service hyper's connections call: hyper's own limit is
-//!   the same, but it checks it only as its buffer grows, so a head a
-//!   little over it can get through); qproxy's own HTTP/1.1 server takes
-//!   heads of up to 16 KiB and hands longer ones to hyper.
+//!   reads it. Only heads hyper reads can be that long, and
+//!   `qproxy-http1`'s connection refuses them before this layer sees them
+//!   ([`qproxy_http1::server::conn::serve_connection`]).
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::header::HOST;
 use http::{Method, Request, Response, StatusCode, Version};
-use http_body_util::Either;
-use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use qproxy_core::body::ReplyBody;
 use qproxy_core::reply::{Answering, server_error};
-use qproxy_http1::limits::MAX_HEADER_BYTES;
 
 /// Adds [`ServerRules`] to a stack.
 #[derive(Debug, Clone, Copy, Default)]
@@ -93,82 +86,6 @@ pub(crate) fn answer<B>(req: &Request<B>) -> Option<Response<ReplyBody>> {
     }
 }
 
-/// Refuses an HTTP/1 request whose head is longer than Go reads, as Go's
-/// server does; passes the rest on. It stands in front of the service
-/// hyper's connections call: only heads hyper reads can be that long.
-#[derive(Debug, Clone)]
-pub(crate) struct HeadLimit<S> {
-    inner: S,
-}
-
-impl<S> HeadLimit<S> {
-    /// Bounds the heads `inner` is given.
-    pub(crate) fn new(inner: S) -> Self {
-        Self { inner }
-    }
-}
-
-impl<S, B, ResBody> Service<Request<B>> for HeadLimit<S>
-where
-    S: Service<Request<B>, Response = Response<ResBody>, Error = Infallible>,
-{
-    type Response = Response<Either<ResBody, ReplyBody>>;
-    type Error = Infallible;
-    type Future = Limited<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        match too_long(&req) {
-            Some(res) => Limited::Refused { res: Some(res) },
-            None => Limited::Inner {
-                inner: self.inner.call(req),
-            },
-        }
-    }
-}
-
-pin_project! {
-    /// The response of [`HeadLimit`]: the inner service's, or the refusal.
-    #[project = LimitedProj]
-    pub(crate) enum Limited<F> {
-        /// Passed on.
-        Inner { #[pin] inner: F },
-        /// Refused; taken once polled.
-        Refused { res: Option<Response<ReplyBody>> },
-    }
-}
-
-impl<F, B> Future for Limited<F>
-where
-    F: Future<Output = Result<Response<B>, Infallible>>,
-{
-    type Output = Result<Response<Either<B, ReplyBody>>, Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            LimitedProj::Inner { inner } => inner.poll(cx).map_ok(|res| res.map(Either::Left)),
-            // Polled again after it completed: it never completes again.
-            LimitedProj::Refused { res } => match res.take() {
-                Some(res) => Poll::Ready(Ok(res.map(Either::Right))),
-                None => Poll::Pending,
-            },
-        }
-    }
-}
-
-/// Go's answer to an HTTP/1 request whose head is longer than it reads.
-fn too_long<B>(req: &Request<B>) -> Option<Response<ReplyBody>> {
-    (req.version() < Version::HTTP_2 && head_len(req) > MAX_HEADER_BYTES).then(|| {
-        server_error(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "Request Header Fields Too Large",
-        )
-    })
-}
-
 /// Go's `httpguts.ValidHostHeader` alphabet: letters, digits and the
 /// punctuation of hosts, IPv6 literals, zones and ports.
 fn valid_host_byte(b: u8) -> bool {
@@ -192,22 +109,6 @@ static HOST_BYTES: [bool; 256] = {
     }
     table
 };
-
-/// The length of `req`'s head as the client wrote it, near enough: the
-/// request line and one `Name: value` line per field.
-fn head_len<B>(req: &Request<B>) -> usize {
-    let target = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| req.uri().to_string().len(), |p| p.as_str().len());
-    let line = req.method().as_str().len() + target + "  HTTP/1.1\r\n".len();
-    req.headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + ": \r\n".len())
-        .sum::<usize>()
-        + line
-        + "\r\n".len()
-}
 
 /// Go's reply to a request without a usable host.
 fn bad_request(reason: &'static str) -> Response<ReplyBody> {
@@ -275,55 +176,6 @@ mod tests {
         assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &[])).is_none());
         assert!(answer(&req(Method::GET, "/", Version::HTTP_10, &["a b"])).is_some());
         assert!(answer(&req(Method::CONNECT, "h:443", Version::HTTP_11, &["a b"])).is_some());
-    }
-
-    #[test]
-    fn a_head_longer_than_go_reads_is_431_and_closes() {
-        let fits = "a".repeat(MAX_HEADER_BYTES - 100);
-        let over = "a".repeat(MAX_HEADER_BYTES);
-        let with = |value: &str| {
-            Request::builder()
-                .uri("/")
-                .header(HOST, "h")
-                .header("x-big", value)
-                .body(())
-                .unwrap()
-        };
-        assert!(too_long(&with(&fits)).is_none());
-        let res = too_long(&with(&over)).expect("refused");
-        assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
-        assert_eq!(res.headers()[CONNECTION], "close");
-        assert_eq!(
-            res.extensions().get::<ReasonPhrase>().map(|p| p.as_bytes()),
-            Some(&b"Request Header Fields Too Large"[..])
-        );
-    }
-
-    #[tokio::test]
-    async fn a_head_too_long_is_refused_before_go_s_other_rules() {
-        let mut port = HeadLimit::new(ServerRulesLayer.layer(tower::service_fn(
-            |_: Request<()>| async { Ok::<_, Infallible>(Response::new(ReplyBody::empty())) },
-        )));
-        let options = |value: &str| {
-            Request::builder()
-                .method(Method::OPTIONS)
-                .uri("*")
-                .header(HOST, "h")
-                .header("x-big", value)
-                .body(())
-                .unwrap()
-        };
-        let res = port.call(options(&"a".repeat(MAX_HEADER_BYTES))).await;
-        assert_eq!(
-            res.unwrap().status(),
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
-        );
-        let res = port.call(options("a")).await;
-        assert_eq!(res.unwrap().status(), StatusCode::OK);
-        // HTTP/2 heads are bounded by the header list's size instead.
-        let mut h2 = options(&"a".repeat(MAX_HEADER_BYTES));
-        *h2.version_mut() = Version::HTTP_2;
-        assert!(too_long(&h2).is_none());
     }
 
     #[test]

@@ -3,13 +3,16 @@
 //! Each accepted connection gets `TCP_NODELAY` and keep-alive, then, on a
 //! TLS port, its handshake (bounded as a request head is), then is told
 //! HTTP/1.1 from HTTP/2 by its first bytes on the main port and the TLS
-//! port (whatever ALPN said, as Knative's h2c wrapper does). There,
-//! HTTP/1.1 is served by qproxy's own server ([`qproxy_http1::server`]) until a
-//! request needs hyper, which then serves the connection; HTTP/2 is
-//! hyper's. The small servers speak HTTP/1.1 only, through hyper, but for
-//! the admin port over TLS, which speaks HTTP/2 too, as Go's TLS servers
-//! do.
-//! Every port bounds the time a request head may take ([`super::head`]).
+//! port (whatever ALPN said, as Knative's h2c wrapper does). From its
+//! first byte, a connection is `qproxy-http1`'s
+//! ([`serve_connection`]): HTTP/1.1 served by its own server until a
+//! request needs hyper, which then serves the connection; HTTP/2 hyper's;
+//! one clock for every head ([`HeadClock`]). The small servers speak
+//! HTTP/1.1 only, through hyper, but for the admin port over TLS, which
+//! speaks HTTP/2 too, as Go's TLS servers do.
+//!
+//! Every port bounds the time a request head may take, as Go's
+//! `ReadHeaderTimeout` does on every Knative server ([`HEAD_TIMEOUT`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,24 +24,22 @@ use super::graceful::{GracefulShutdown, Watcher};
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, Service, service_fn};
 
 use super::Listener;
-use super::head::{
-    H2_PREFACE, HEAD_TIMEOUT, HeadClock, HeadTimer, Watched, first_head, read_first_head,
-};
-use crate::layers::server_rules::{HeadLimit, ServerRulesLayer};
+use super::listener::HEAD_TIMEOUT;
+use crate::layers::server_rules::ServerRulesLayer;
 use qproxy_core::body::{BoxError, RequestBody};
 use qproxy_core::{Accepted, Endpoint};
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
-use qproxy_http1::server::{Lifecycle, Rewind, Served};
+use qproxy_http1::server::conn::{Ended, Protocols, serve_connection};
+use qproxy_http1::server::{HeadClock, Rewind};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
@@ -46,38 +47,6 @@ const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;
 const MAX_CONCURRENT_STREAMS: u32 = 250;
 /// TCP keep-alive on accepted connections (Go's default).
 const ACCEPTED_KEEPALIVE: Duration = Duration::from_secs(15);
-
-/// How a port speaks HTTP: its HTTP/1.1 settings, and HTTP/2's when it
-/// speaks that too. Each connection is served by hyper's HTTP/1.1 or
-/// HTTP/2 connection alone, chosen by its first bytes (or by ALPN): a
-/// connection's task holds only the one it speaks.
-#[derive(Clone, Debug)]
-pub(crate) struct Protocols {
-    /// Requests that qproxy's own server takes ([`qproxy_http1::server`]) are served
-    /// by it; hyper's HTTP/1.1 takes the rest.
-    own_http1: bool,
-    http1: http1::Builder,
-    http2: Option<http2::Builder<TokioExecutor>>,
-    /// ALPN chose HTTP/2: the connection speaks nothing else.
-    h2_only: bool,
-}
-
-impl Protocols {
-    /// This port's settings, for a connection that ALPN put on HTTP/2.
-    fn h2_only(mut self) -> Self {
-        self.h2_only = self.http2.is_some();
-        self
-    }
-}
-
-impl Protocols {
-    /// These settings, with hyper's HTTP/1.1 serving every request.
-    #[cfg(test)]
-    pub(super) fn hyper_only(mut self) -> Self {
-        self.own_http1 = false;
-        self
-    }
-}
 
 /// Connection settings for the main port: HTTP/1.1 and h2c.
 pub(crate) fn main_builder() -> Protocols {
@@ -92,33 +61,18 @@ pub(crate) fn main_builder() -> Protocols {
         .title_case_headers(true)
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADER_FIELDS);
-    Protocols {
-        own_http1: true,
-        http1,
-        http2: Some(go_http2()),
-        h2_only: false,
-    }
+    Protocols::new(true, http1, Some(go_http2()))
 }
 
 /// Connection settings for the admin, stats and metrics ports: HTTP/1.1.
 pub(crate) fn admin_builder() -> Protocols {
-    Protocols {
-        own_http1: false,
-        http1: admin_http1(),
-        http2: None,
-        h2_only: false,
-    }
+    Protocols::new(false, admin_http1(), None)
 }
 
 /// Connection settings for the admin port over TLS: HTTP/1.1, and HTTP/2
 /// when the client chose it.
 fn admin_tls_builder() -> Protocols {
-    Protocols {
-        own_http1: false,
-        http1: admin_http1(),
-        http2: Some(go_http2()),
-        h2_only: false,
-    }
+    Protocols::new(false, admin_http1(), Some(go_http2()))
 }
 
 /// The small servers' HTTP/1.1: Go's head timeout and header case.
@@ -290,39 +244,14 @@ where
     }
 }
 
-/// What qproxy's own HTTP/1.1 server ([`qproxy_http1::server`]) needs of
-/// a connection: its head clock, and the graceful shutdown's watcher.
-struct ConnLifecycle<'a> {
-    clock: &'a HeadClock,
-    watcher: &'a Watcher,
-}
-
-impl Lifecycle for ConnLifecycle<'_> {
-    fn head_timeout(&self) -> Duration {
-        self.clock.timeout()
-    }
-
-    fn first_head_read(&self) {
-        self.clock.first_read();
-    }
-
-    fn is_stopping(&self) -> bool {
-        self.watcher.is_stopping()
-    }
-
-    fn stopping(&self) -> impl Future<Output = ()> {
-        self.watcher.stopping()
-    }
-}
-
 /// Serves one accepted connection, accepted when `clock` was made, until
 /// it ends, its first request head does not come in time, or a graceful
 /// shutdown ends it.
 pub(super) async fn connection<IO, S, B>(
-    mut io: IO,
+    io: IO,
     clock: Arc<HeadClock>,
     builder: Protocols,
-    mut service: S,
+    service: S,
     watcher: Watcher,
     conn: Accepted,
 ) where
@@ -335,60 +264,12 @@ pub(super) async fn connection<IO, S, B>(
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let serve = async {
-        let Ok(mut ahead) = read_first_head(&mut io).await else {
-            return;
-        };
-        let h2 = match &builder.http2 {
-            Some(http2) if builder.h2_only || ahead.starts_with(H2_PREFACE) => Some(http2),
-            _ => None,
-        };
-        if h2.is_none() && builder.own_http1 {
-            // Boxed once the first head is in: a connection that sends
-            // nothing does not carry a request's room.
-            let conn = ConnLifecycle {
-                clock: &clock,
-                watcher: &watcher,
-            };
-            let served = Box::pin(qproxy_http1::server::serve(
-                &mut io,
-                ahead,
-                &conn,
-                &mut service,
-            ));
-            match served.await {
-                Served::Closed => return,
-                Served::HandOff(rest) => ahead = rest,
-            }
-        }
-        // hyper reads heads of any length up to its buffer's: those longer
-        // than Go reads are refused before the port's service sees them.
-        let service = TowerToHyperService::new(HeadLimit::new(
-            service.map_request(RequestBody::from_client),
-        ));
-        let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
-        let served = match h2 {
-            // HTTP/2's connection state is large and rare here: boxed, so
-            // that HTTP/1.1 connections do not carry its room.
-            Some(http2) => {
-                let served = Box::pin(watcher.watch(http2.serve_connection(io, service)));
-                served.await
-            }
-            None => {
-                let mut http1 = builder.http1.clone();
-                http1.timer(HeadTimer(clock.clone()));
-                let served = http1.serve_connection(io, service).with_upgrades();
-                watcher.watch(served).await
-            }
-        };
-        if let Err(e) = served {
+    match serve_connection(io, clock, &builder, service, &watcher).await {
+        Ended::Closed => {}
+        Ended::Failed(e) => {
             tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
         }
-    };
-    tokio::select! {
-        biased;
-        () = serve => {}
-        () = first_head(&clock) => {
+        Ended::NoFirstHead => {
             tracing::debug!(client = %conn.remote, "closed: no request head within a minute");
         }
     }
@@ -463,6 +344,7 @@ mod tests {
     use tokio::time::{Instant, sleep, timeout};
 
     const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     const H2_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
     /// The client end of the tests' connections.

@@ -4,21 +4,17 @@
 //! and shutdown waits for them all.
 //!
 //! hyper-util's `GracefulShutdown` does the same for the connection types
-//! it knows; this one watches hyper's HTTP/1.1 and HTTP/2 connections
-//! themselves, which are what a connection's task holds.
+//! it knows; here each connection's [`Watcher`] is its owner's side of
+//! `qproxy-http1`'s [`Lifecycle`], which shuts down whichever connection
+//! the task holds (qproxy's own server's, or hyper's HTTP/1.1 or HTTP/2).
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use hyper::body::Incoming;
-use hyper::rt::{Read, Write};
-use hyper::server::conn::{http1, http2};
-use hyper::service::HttpService;
 use pin_project_lite::pin_project;
+use qproxy_http1::server::Lifecycle;
 use tokio::sync::watch;
-
-use qproxy_core::body::BoxError;
 
 /// Tells the connections it watches to finish, and waits until they have.
 #[derive(Debug)]
@@ -78,17 +74,15 @@ impl Watcher {
             polled_by: None,
         }
     }
+}
 
-    /// Serves `conn` to its end, shutting it down gracefully once asked.
-    pub(crate) async fn watch<C: Graceful>(self, conn: C) -> C::Output {
-        let mut conn = pin!(conn);
-        tokio::select! {
-            biased;
-            served = conn.as_mut() => return served,
-            () = self.stopping() => {}
-        }
-        conn.as_mut().graceful_shutdown();
-        conn.await
+impl Lifecycle for Watcher {
+    fn is_stopping(&self) -> bool {
+        Watcher::is_stopping(self)
+    }
+
+    fn stopping(&self) -> impl Future<Output = ()> {
+        Watcher::stopping(self)
     }
 }
 
@@ -131,41 +125,9 @@ impl<F: Future<Output = ()>> Future for Stopping<F> {
     }
 }
 
-/// A connection that can be asked to finish what it has and close.
-pub(crate) trait Graceful: Future {
-    /// Starts the graceful shutdown.
-    fn graceful_shutdown(self: std::pin::Pin<&mut Self>);
-}
-
-impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
-where
-    S: HttpService<Incoming, ResBody = B>,
-    S::Error: Into<BoxError>,
-    I: Read + Write + Unpin + Send + 'static,
-    B: http_body::Body + 'static,
-    B::Error: Into<BoxError>,
-{
-    fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
-        http1::UpgradeableConnection::graceful_shutdown(self);
-    }
-}
-
-impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
-where
-    S: HttpService<Incoming, ResBody = B>,
-    S::Error: Into<BoxError>,
-    I: Read + Write + Unpin + 'static,
-    B: http_body::Body + 'static,
-    B::Error: Into<BoxError>,
-    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
-{
-    fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
-        http2::Connection::graceful_shutdown(self);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::pin::pin;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;

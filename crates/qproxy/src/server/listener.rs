@@ -10,7 +10,16 @@ use std::time::Duration;
 use socket2::{Domain, Socket, Type};
 use tokio::net::TcpListener;
 
-use super::head::HEAD_TIMEOUT;
+/// How long a request head may take to arrive: the `ReadHeaderTimeout` of
+/// one minute Knative gives the queue-proxy's servers
+/// (`knative.dev/pkg/network.NewServer` for the main port, and the admin,
+/// stats and classic metrics servers). For h2c, the client's connection
+/// preface and first `SETTINGS` frame count as the first head.
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Current Knative's metrics server on 9091 gives request heads five
+/// seconds (`knative.dev/pkg/observability/metrics/prometheus`).
+pub(crate) const CURRENT_METRICS_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A port could not be listened on.
 #[derive(Debug, thiserror::Error)]

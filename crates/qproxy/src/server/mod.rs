@@ -11,7 +11,6 @@
 mod conn;
 mod error;
 mod graceful;
-mod head;
 mod listener;
 mod podinfo;
 
@@ -25,8 +24,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use error::Error;
-use head::CURRENT_METRICS_HEAD_TIMEOUT;
 pub use listener::BindError;
+use listener::CURRENT_METRICS_HEAD_TIMEOUT;
 pub(crate) use listener::Listener;
 
 use crate::admin::Admin;
@@ -169,7 +168,7 @@ impl MainPort {
         let service = stack::main_service(&self.shared, conn);
         conn::connection(
             io,
-            head::HeadClock::new(head::HEAD_TIMEOUT),
+            qproxy_http1::server::HeadClock::new(listener::HEAD_TIMEOUT),
             main_builder(),
             service,
             self.graceful.watcher(),

@@ -1,5 +1,6 @@
-//! Request-head deadlines: how long a client may take to send a request
-//! head, as Go's `ReadHeaderTimeout` bounds it on every Knative server.
+//! A connection's first bytes and its request-head deadline: how long a
+//! client may take to send a request head, as Go's `ReadHeaderTimeout`
+//! bounds it on every Knative server.
 //!
 //! Go starts the clock for a connection's first request when the
 //! connection is accepted, and for each later request when that request's
@@ -8,16 +9,15 @@
 //! runs out, the connection is closed without an answer.
 //!
 //! hyper's own header timeout starts as soon as hyper waits for a head,
-//! which would close idle keep-alive connections, and nothing bounds
-//! hyper-util's version detection, which reads before hyper does. So each
-//! connection gets a [`HeadClock`], and two things read it:
+//! which would close idle keep-alive connections. So each connection gets
+//! one [`HeadClock`], made by its owner at accept (or at the end of its
+//! TLS handshake), and everything that reads a head reads it:
 //! - until the connection's first request head has been read (HTTP/1.1),
 //!   or the client's preface and first `SETTINGS` frame (h2c), the
-//!   connection's task races [`first_head`], a deadline [`HEAD_TIMEOUT`]
-//!   after accept (on current Knative's metrics port,
-//!   [`CURRENT_METRICS_HEAD_TIMEOUT`]);
-//! - for every later head qproxy's own server ([`qproxy_http1::server`]) reads, a
-//!   deadline from the head's first bytes;
+//!   connection's task races [`first_head`], a deadline the clock's
+//!   timeout after it was made;
+//! - for every later head this crate's server ([`serve`](super::serve))
+//!   reads, a deadline from the head's first bytes;
 //! - for every later head hyper reads, its header timeout runs on a [`HeadTimer`],
 //!   whose sleeps start counting only once [`Watched`], the connection's
 //!   I/O, sees the head's first bytes arrive.
@@ -46,21 +46,10 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use qproxy_http1::server::Rewind;
-
-/// How long a request head may take to arrive: the `ReadHeaderTimeout` of
-/// one minute Knative gives the queue-proxy's servers
-/// (`knative.dev/pkg/network.NewServer` for the main port, and the admin,
-/// stats and classic metrics servers). For h2c, the client's connection
-/// preface and first `SETTINGS` frame count as the first head.
-pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Current Knative's metrics server on 9091 gives request heads five
-/// seconds (`knative.dev/pkg/observability/metrics/prometheus`).
-pub(crate) const CURRENT_METRICS_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+use super::rewind::Rewind;
 
 /// The HTTP/2 client connection preface.
-pub(super) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The preface and a frame header, whose first three bytes are the
 /// frame's length.
 const H2_SNIFF: usize = H2_PREFACE.len() + 9;
@@ -114,10 +103,13 @@ fn begins_request(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~\r\n".contains(&b)
 }
 
-/// One connection's request-head clock, shared by its I/O ([`Watched`]),
-/// hyper's header timeout ([`HeadTimer`]) and its task ([`first_head`]).
+/// One connection's request-head clock: made by the connection's owner
+/// when it accepts it (or ends its TLS handshake), and read by everything
+/// that reads its heads ([`serve_connection`](super::conn::serve_connection):
+/// the first head's deadline, this crate's server, and hyper's header
+/// timeout once the connection is hyper's).
 #[derive(Debug)]
-pub(crate) struct HeadClock {
+pub struct HeadClock {
     accepted: Instant,
     timeout: Duration,
     /// The first head (or the h2c preface and settings) has been read.
@@ -132,7 +124,7 @@ pub(crate) struct HeadClock {
 impl HeadClock {
     /// A clock for a connection accepted now, whose heads have `timeout`
     /// each.
-    pub(crate) fn new(timeout: Duration) -> Arc<Self> {
+    pub fn new(timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             accepted: Instant::now(),
             timeout,
@@ -143,13 +135,13 @@ impl HeadClock {
     }
 
     /// How long each head may take.
-    pub(super) fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    /// Notes that the connection's first head has been read, by qproxy's
-    /// own server ([`qproxy_http1::server`]).
-    pub(super) fn first_read(&self) {
+    /// Notes that the connection's first head has been read, by this
+    /// crate's server ([`serve`](super::serve)).
+    pub(crate) fn first_read(&self) {
         self.first_done.store(true, Ordering::Relaxed);
     }
 

@@ -1,0 +1,391 @@
+//! A client's connection from its first byte to its last: the first head
+//! read ahead, the protocol told by it, requests served by this crate's
+//! server ([`serve`]) until one is hyper's, then hyper's HTTP/1.1 (or, for
+//! h2c, hyper's HTTP/2 from the start), one [`HeadClock`] timing every
+//! head, and a graceful shutdown when the owner asks ([`Lifecycle`]).
+//!
+//! The connection's owner accepts it (and does its TLS handshake), makes
+//! its clock and its service, and hands both here: the way a request takes
+//! from the socket to the service is this module's alone.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http_body::Body as HttpBody;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::ext::ReasonPhrase;
+use hyper::rt::{Read, Write};
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use pin_project_lite::pin_project;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tower_service::Service;
+
+use super::head::{H2_PREFACE, HeadClock, HeadTimer, Watched, first_head, read_first_head};
+use super::{Lifecycle, MakeBody, Served, serve};
+use crate::BoxError;
+use crate::limits::MAX_HEADER_BYTES;
+
+/// How a port speaks HTTP: whether this crate's server takes the requests
+/// it can, hyper's HTTP/1.1 settings for the rest, and HTTP/2's when the
+/// port speaks that too. A connection's task holds only the server it
+/// speaks.
+#[derive(Clone, Debug)]
+pub struct Protocols {
+    own: bool,
+    http1: http1::Builder,
+    http2: Option<http2::Builder<TokioExecutor>>,
+    /// ALPN chose HTTP/2: the connection speaks nothing else.
+    h2_only: bool,
+}
+
+impl Protocols {
+    /// HTTP/1.1 with `http1`'s settings, served by this crate's server
+    /// where it can (`own`), and HTTP/2 with `http2`'s, if given, for a
+    /// connection whose first bytes are the h2c preface.
+    pub fn new(
+        own: bool,
+        http1: http1::Builder,
+        http2: Option<http2::Builder<TokioExecutor>>,
+    ) -> Self {
+        Self {
+            own,
+            http1,
+            http2,
+            h2_only: false,
+        }
+    }
+
+    /// These settings, for a connection that ALPN put on HTTP/2: it
+    /// speaks nothing else, whatever its first bytes.
+    #[must_use]
+    pub fn h2_only(mut self) -> Self {
+        self.h2_only = self.http2.is_some();
+        self
+    }
+
+    /// These settings, with hyper's HTTP/1.1 serving every request.
+    #[must_use]
+    pub fn hyper_only(mut self) -> Self {
+        self.own = false;
+        self
+    }
+}
+
+/// How a connection [`serve_connection`] served ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It closed, or was closed after its last answer.
+    Closed,
+    /// hyper ended it with this error.
+    Failed(hyper::Error),
+    /// Its first request head did not come within the clock's timeout.
+    NoFirstHead,
+}
+
+/// Serves `io`, a connection accepted when `clock` was made, with
+/// `service` until it ends, its first request head does not come in time,
+/// or `owner` asks it to finish (once its requests in flight are
+/// answered).
+///
+/// The first bytes tell HTTP/2 (the h2c preface, or `protocols` say ALPN
+/// chose it) from HTTP/1.1. HTTP/1.1 requests are served by [`serve`]
+/// until one is hyper's; hyper's HTTP/1.1 then serves the connection,
+/// with the bytes read so far first. A head longer than Go reads, which
+/// only hyper reads, is answered `431` and the connection closed, as Go's
+/// server answers it.
+pub async fn serve_connection<IO, S, RB, B, L>(
+    mut io: IO,
+    clock: Arc<HeadClock>,
+    protocols: &Protocols,
+    mut service: S,
+    owner: &L,
+) -> Ended
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: Service<Request<RB>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    RB: MakeBody + Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    L: Lifecycle,
+{
+    let served = async {
+        let Ok(mut ahead) = read_first_head(&mut io).await else {
+            return Ended::Closed;
+        };
+        let h2 = match &protocols.http2 {
+            Some(http2) if protocols.h2_only || ahead.starts_with(H2_PREFACE) => Some(http2),
+            _ => None,
+        };
+        if h2.is_none() && protocols.own {
+            // Boxed once the first head is in: a connection that sends
+            // nothing does not carry a request's room.
+            let served = Box::pin(serve(&mut io, ahead, &clock, owner, &mut service));
+            match served.await {
+                Served::Closed => return Ended::Closed,
+                Served::HandOff(rest) => ahead = rest,
+            }
+        }
+        let service = Handed {
+            inner: service,
+            body: PhantomData,
+        };
+        let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
+        let served = match h2 {
+            // HTTP/2's connection state is large and rare here: boxed, so
+            // that HTTP/1.1 connections do not carry its room.
+            Some(http2) => {
+                let conn = Box::pin(http2.serve_connection(io, service));
+                gracefully(conn, owner).await
+            }
+            None => {
+                let mut http1 = protocols.http1.clone();
+                http1.timer(HeadTimer(clock.clone()));
+                let conn = http1.serve_connection(io, service).with_upgrades();
+                gracefully(conn, owner).await
+            }
+        };
+        match served {
+            Ok(()) => Ended::Closed,
+            Err(e) => Ended::Failed(e),
+        }
+    };
+    tokio::select! {
+        biased;
+        ended = served => ended,
+        () = first_head(&clock) => Ended::NoFirstHead,
+    }
+}
+
+/// Serves `conn` to its end, shutting it down gracefully (HTTP/1.1: the
+/// request in flight answered, then closed; HTTP/2: a `GOAWAY`, then the
+/// streams open) once `owner` asks.
+async fn gracefully<C: Graceful, L: Lifecycle>(conn: C, owner: &L) -> C::Output {
+    let mut conn = pin!(conn);
+    tokio::select! {
+        biased;
+        served = conn.as_mut() => return served,
+        () = owner.stopping() => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    conn.await
+}
+
+/// A hyper connection that can be asked to finish what it has and close.
+trait Graceful: Future {
+    /// Starts the graceful shutdown.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: Read + Write + Unpin + Send + 'static,
+    B: HttpBody + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.get_mut().as_mut().graceful_shutdown();
+    }
+}
+
+impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: Read + Write + Unpin + 'static,
+    B: HttpBody + 'static,
+    B::Error: Into<BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
+    }
+}
+
+/// The owner's service as hyper calls it: each request's body made the
+/// owner's ([`MakeBody::streamed`]), and a head longer than Go reads
+/// refused first (hyper's own limit is the same, but it checks it only as
+/// its buffer grows, so a head a little over it can get through; this
+/// crate's server hands longer heads to hyper, so only hyper reads them).
+#[derive(Debug)]
+struct Handed<S, RB> {
+    inner: S,
+    /// The owner's request body, made from hyper's.
+    body: PhantomData<fn() -> RB>,
+}
+
+impl<S: Clone, RB> Clone for Handed<S, RB> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            body: PhantomData,
+        }
+    }
+}
+
+impl<S, RB, B> hyper::service::Service<Request<Incoming>> for Handed<S, RB>
+where
+    S: Service<Request<RB>, Response = Response<B>, Error = Infallible> + Clone,
+    RB: MakeBody,
+{
+    type Response = Response<Either<B, Full<Bytes>>>;
+    type Error = Infallible;
+    type Future = Handing<S, RB>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        if let Some(res) = refused(&req) {
+            return Handing::Refused { res: Some(res) };
+        }
+        let (parts, body) = req.into_parts();
+        let body = RB::streamed(body, &parts.headers);
+        Handing::Ready {
+            service: self.inner.clone(),
+            req: Some(Request::from_parts(parts, body)),
+        }
+    }
+}
+
+pin_project! {
+    /// The response of [`Handed`]: the owner's service made ready and
+    /// called, or the refusal.
+    #[project = HandingProj]
+    enum Handing<S: Service<Request<RB>>, RB> {
+        /// Waiting for the service to be ready.
+        Ready { service: S, req: Option<Request<RB>> },
+        /// Called.
+        Called { #[pin] answer: S::Future },
+        /// Refused; taken once polled.
+        Refused { res: Option<Response<Full<Bytes>>> },
+    }
+}
+
+impl<S, RB, B> Future for Handing<S, RB>
+where
+    S: Service<Request<RB>, Response = Response<B>, Error = Infallible>,
+{
+    type Output = Result<Response<Either<B, Full<Bytes>>>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                HandingProj::Ready { service, req } => {
+                    if let Err(never) = std::task::ready!(service.poll_ready(cx)) {
+                        match never {}
+                    }
+                    let Some(req) = req.take() else {
+                        return Poll::Pending;
+                    };
+                    let answer = service.call(req);
+                    self.set(Handing::Called { answer });
+                }
+                HandingProj::Called { answer } => {
+                    return answer.poll(cx).map_ok(|res| res.map(Either::Left));
+                }
+                // Polled again after it completed: it never completes again.
+                HandingProj::Refused { res } => {
+                    return match res.take() {
+                        Some(res) => Poll::Ready(Ok(res.map(Either::Right))),
+                        None => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// A request head's length as Go counts it against its limit: the request
+/// line and every field line, with their line ends.
+fn head_len<B>(req: &Request<B>) -> usize {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().to_string().len(), |p| p.as_str().len());
+    let line = req.method().as_str().len() + target + "  HTTP/1.1\r\n".len();
+    fields_len(req.headers()) + line + "\r\n".len()
+}
+
+fn fields_len(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + ": \r\n".len())
+        .sum()
+}
+
+/// Go's server's answer to an HTTP/1 request whose head is longer than it
+/// reads (HTTP/2 heads are bounded by the header list's size instead).
+fn refused<B>(req: &Request<B>) -> Option<Response<Full<Bytes>>> {
+    (req.version() < Version::HTTP_2 && head_len(req) > MAX_HEADER_BYTES).then(too_long)
+}
+
+/// Go's server's answer to a head longer than it reads: `431` with its
+/// reason as the body, and the connection closed.
+fn too_long() -> Response<Full<Bytes>> {
+    const REASON: &str = "Request Header Fields Too Large";
+    let mut res = Response::new(Full::new(Bytes::from_static(
+        b"431 Request Header Fields Too Large",
+    )));
+    *res.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    let headers = res.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    res.extensions_mut()
+        .insert(ReasonPhrase::from_static(REASON.as_bytes()));
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_is_counted_as_go_counts_it() {
+        let req = Request::get("/a?b").header("host", "x").body(()).unwrap();
+        // "GET /a?b HTTP/1.1\r\n" + "host: x\r\n" + "\r\n"
+        assert_eq!(head_len(&req), 19 + 9 + 2);
+    }
+
+    #[test]
+    fn a_head_longer_than_go_reads_is_431_and_closes() {
+        let with = |value: &str| {
+            Request::builder()
+                .uri("/")
+                .header("host", "h")
+                .header("x-big", value)
+                .body(())
+                .unwrap()
+        };
+        assert!(refused(&with(&"a".repeat(MAX_HEADER_BYTES - 100))).is_none());
+        let res = refused(&with(&"a".repeat(MAX_HEADER_BYTES))).expect("refused");
+        assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(res.headers()[CONNECTION], "close");
+        assert_eq!(
+            res.extensions().get::<ReasonPhrase>().map(|r| r.as_bytes()),
+            Some(&b"Request Header Fields Too Large"[..])
+        );
+        // HTTP/2 heads are bounded by the header list's size instead.
+        let mut h2 = with(&"a".repeat(MAX_HEADER_BYTES));
+        *h2.version_mut() = Version::HTTP_2;
+        assert!(refused(&h2).is_none());
+    }
+}
