@@ -47,12 +47,13 @@ pub async fn run() -> Result<(), Error> {
     let mut vars = knative_defaults(Generation::Classic, app_addr.port());
     // Nothing routes to the demo but its user: Ctrl-C needs no quiet period.
     vars.set("QPROXY_DRAIN_QUIET_SECONDS", "0");
-    for (var, port) in [
+    const PORTS: [(&str, u16); 4] = [
         ("QUEUE_SERVING_PORT", 8012),
         ("QPROXY_ADMIN_PORT", 8022),
         ("QPROXY_STATS_PORT", 9090),
         ("QPROXY_METRICS_PORT", 9091),
-    ] {
+    ];
+    for (var, port) in PORTS {
         if !port_free(port) {
             vars.set(var, "0");
         }
@@ -60,7 +61,17 @@ pub async fn run() -> Result<(), Error> {
     let config = Config::from_vars(&vars)?;
     crate::init_logging(&config);
     let shutdown = shutdown_signal()?;
-    let server = Server::bind(config)?;
+    // A port found free may be taken before it is bound: then every port
+    // is any free one.
+    let server = match Server::bind(config) {
+        Ok(server) => server,
+        Err(_) => {
+            for (var, _) in PORTS {
+                vars.set(var, "0");
+            }
+            Server::bind(Config::from_vars(&vars)?)?
+        }
+    };
     println!("{}", banner(app_addr, &server));
     server.run(shutdown).await?;
     Ok(())
