@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, HeaderValue};
-use http::{HeaderMap, Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -26,6 +26,7 @@ use hyper::rt::{Read, Write};
 use hyper::server::conn::{http1, http2};
 use hyper::service::HttpService;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tower_service::Service;
@@ -136,17 +137,17 @@ where
                 Served::HandOff(rest) => ahead = rest,
             }
         }
-        let service = Handed {
+        let service = TowerToHyperService::new(Handed {
             inner: service,
             body: PhantomData,
-        };
+        });
         let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
         let served = match h2 {
             // HTTP/2's connection state is large and rare here: boxed, so
             // that HTTP/1.1 connections do not carry its room.
             Some(http2) => {
-                let conn = Box::pin(http2.serve_connection(io, service));
-                gracefully(conn, owner).await
+                let served = Box::pin(gracefully(http2.serve_connection(io, service), owner));
+                served.await
             }
             None => {
                 let mut http1 = protocols.http1.clone();
@@ -200,12 +201,6 @@ where
     }
 }
 
-impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
-    fn graceful_shutdown(self: Pin<&mut Self>) {
-        self.get_mut().as_mut().graceful_shutdown();
-    }
-}
-
 impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
 where
     S: HttpService<Incoming, ResBody = B>,
@@ -220,8 +215,9 @@ where
     }
 }
 
-/// The owner's service as hyper calls it: each request's body made the
-/// owner's ([`MakeBody::streamed`]), and a head longer than Go reads
+/// The owner's service as hyper calls it (through hyper-util's
+/// `TowerToHyperService`, which clones it, waits until it is ready and
+/// calls it): each request's body made the owner's ([`MakeBody::streamed`]), and a head longer than Go reads
 /// refused first (hyper's own limit is the same, but it checks it only as
 /// its buffer grows, so a head a little over it can get through; this
 /// crate's server hands longer heads to hyper, so only hyper reads them).
@@ -241,72 +237,56 @@ impl<S: Clone, RB> Clone for Handed<S, RB> {
     }
 }
 
-impl<S, RB, B> hyper::service::Service<Request<Incoming>> for Handed<S, RB>
+impl<S, RB, B> Service<Request<Incoming>> for Handed<S, RB>
 where
-    S: Service<Request<RB>, Response = Response<B>, Error = Infallible> + Clone,
+    S: Service<Request<RB>, Response = Response<B>, Error = Infallible>,
     RB: MakeBody,
 {
     type Response = Response<Either<B, Full<Bytes>>>;
     type Error = Infallible;
-    type Future = Handing<S, RB>;
+    type Future = Handing<S::Future>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         if let Some(res) = refused(&req) {
             return Handing::Refused { res: Some(res) };
         }
         let (parts, body) = req.into_parts();
         let body = RB::streamed(body, &parts.headers);
-        Handing::Ready {
-            service: self.inner.clone(),
-            req: Some(Request::from_parts(parts, body)),
+        Handing::Called {
+            answer: self.inner.call(Request::from_parts(parts, body)),
         }
     }
 }
 
 pin_project! {
-    /// The response of [`Handed`]: the owner's service made ready and
-    /// called, or the refusal.
+    /// The response of [`Handed`]: the owner's service's, or the refusal.
     #[project = HandingProj]
-    enum Handing<S: Service<Request<RB>>, RB> {
-        /// Waiting for the service to be ready.
-        Ready { service: S, req: Option<Request<RB>> },
+    enum Handing<F> {
         /// Called.
-        Called { #[pin] answer: S::Future },
+        Called { #[pin] answer: F },
         /// Refused; taken once polled.
         Refused { res: Option<Response<Full<Bytes>>> },
     }
 }
 
-impl<S, RB, B> Future for Handing<S, RB>
+impl<F, B> Future for Handing<F>
 where
-    S: Service<Request<RB>, Response = Response<B>, Error = Infallible>,
+    F: Future<Output = Result<Response<B>, Infallible>>,
 {
     type Output = Result<Response<Either<B, Full<Bytes>>>, Infallible>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            match self.as_mut().project() {
-                HandingProj::Ready { service, req } => {
-                    if let Err(never) = std::task::ready!(service.poll_ready(cx)) {
-                        match never {}
-                    }
-                    let Some(req) = req.take() else {
-                        return Poll::Pending;
-                    };
-                    let answer = service.call(req);
-                    self.set(Handing::Called { answer });
-                }
-                HandingProj::Called { answer } => {
-                    return answer.poll(cx).map_ok(|res| res.map(Either::Left));
-                }
-                // Polled again after it completed: it never completes again.
-                HandingProj::Refused { res } => {
-                    return match res.take() {
-                        Some(res) => Poll::Ready(Ok(res.map(Either::Right))),
-                        None => Poll::Pending,
-                    };
-                }
-            }
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            HandingProj::Called { answer } => answer.poll(cx).map_ok(|res| res.map(Either::Left)),
+            // Polled again after it completed: it never completes again.
+            HandingProj::Refused { res } => match res.take() {
+                Some(res) => Poll::Ready(Ok(res.map(Either::Right))),
+                None => Poll::Pending,
+            },
         }
     }
 }
@@ -319,14 +299,12 @@ fn head_len<B>(req: &Request<B>) -> usize {
         .path_and_query()
         .map_or_else(|| req.uri().to_string().len(), |p| p.as_str().len());
     let line = req.method().as_str().len() + target + "  HTTP/1.1\r\n".len();
-    fields_len(req.headers()) + line + "\r\n".len()
-}
-
-fn fields_len(headers: &HeaderMap) -> usize {
-    headers
+    let fields: usize = req
+        .headers()
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + ": \r\n".len())
-        .sum()
+        .sum();
+    fields + line + "\r\n".len()
 }
 
 /// Go's server's answer to an HTTP/1 request whose head is longer than it
