@@ -7,7 +7,6 @@ import argparse
 import asyncio
 from urllib.parse import parse_qs, urlsplit
 
-
 # The pattern repeats every 256 * 251 bytes: one period, computed once,
 # is sliced for any range (byte by byte, 16 MiB take seconds, minutes in an
 # emulated machine).
@@ -20,7 +19,7 @@ def pattern(off, n):
     start = off % PERIOD
     while n > 0:
         k = min(n, PERIOD - start)
-        out += TABLE[start:start + k]
+        out += TABLE[start : start + k]
         n -= k
         start = 0
     return bytes(out)

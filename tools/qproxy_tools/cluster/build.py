@@ -1,7 +1,7 @@
 """What the cluster is made of, built from the package registries: the
 Debian packages it runs with, its Go programs (each from a module under
 cluster/ that pins it), and the images it runs, each packed without a
-container engine (deploy/oci_image.py) and imported into containerd.
+container engine (oci_image, as deploy/oci_image.py) and imported into containerd.
 
 The programs and images go to the machine's cache (CACHE), not to a
 clone's target/: like Go's own caches they serve every clone, and a clone
@@ -16,14 +16,13 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tarfile
 
-from . import util
+from .. import ROOT, oci_image
+from ..commands import PhaseError, run
+from ..progress import Progress
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "deploy"))
-import oci_image  # noqa: E402  (the packer the release image uses)
+say = Progress("cluster")
 
 # The machine's cache of the cluster's programs and images.
 CACHE = os.environ.get("QPROXY_CLUSTER_CACHE", "/var/cache/qproxy-cluster")
@@ -67,11 +66,11 @@ def install_packages(log):
     missing = packages_missing()
     if not missing:
         return
-    util.say(f"installing {' '.join(missing)} (Debian packages)")
+    say(f"installing {' '.join(missing)} (Debian packages)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    if util.run(["apt-get", "install", "-y", "-q"] + missing, log=log, check=False, env=env) != 0:
-        util.run(["apt-get", "update", "-q"], log=log, env=env)
-        util.run(["apt-get", "install", "-y", "-q"] + missing, log=log, env=env)
+    if run(["apt-get", "install", "-y", "-q"] + missing, log=log, check=False, env=env) != 0:
+        run(["apt-get", "update", "-q"], log=log, env=env)
+        run(["apt-get", "install", "-y", "-q"] + missing, log=log, env=env)
 
 
 class Builder:
@@ -108,20 +107,20 @@ class Builder:
             with open(stamp_file) as f:
                 if f.read() == stamp:
                     return False
-        util.say(f"building {what} (Go module proxy; the first time takes minutes)")
+        say(f"building {what} (Go module proxy; the first time takes minutes)")
         os.makedirs(os.path.dirname(out.rstrip("/")), exist_ok=True)
         # The module's go.sum decides every version: -mod=readonly, Go's
         # default, fails rather than changing it.
         env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
         args = ["go", "build", "-trimpath", "-ldflags", ("-s -w " + ldflags).strip(), "-o", out] + packages
-        util.run(args, log=self.log, env=env, cwd=folder)
+        run(args, log=self.log, env=env, cwd=folder)
         with open(stamp_file, "w") as f:
             f.write(stamp)
         return True
 
     def go_version(self):
         if self._go_version is None:
-            self._go_version = util.run(["go", "env", "GOVERSION"], capture=True).strip()
+            self._go_version = run(["go", "env", "GOVERSION"], capture=True).strip()
         return self._go_version
 
     def build_all(self, serving):
@@ -138,17 +137,27 @@ class Builder:
                 f"-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES}"
             ),
         )
-        for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
-                     "kube-proxy", "kubectl", "etcd", "coredns"):
+        for name in (
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubelet",
+            "kube-proxy",
+            "kubectl",
+            "etcd",
+            "coredns",
+        ):
             link = os.path.join(self.bin, name)
             if not os.path.islink(link):
                 os.symlink("kube", link)
         self.go_build(
             f"containerd {CONTAINERD}",
             "containerd",
-            ["github.com/containerd/containerd/v2/cmd/containerd",
-             "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
-             "github.com/containerd/containerd/v2/cmd/ctr"],
+            [
+                "github.com/containerd/containerd/v2/cmd/containerd",
+                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+                "github.com/containerd/containerd/v2/cmd/ctr",
+            ],
             os.path.join(self.bin, "containerd.d") + "/",
             ldflags=f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD}",
         )
@@ -179,10 +188,12 @@ class Builder:
             with open(stamp) as f:
                 if f.read() == KUBERNETES:
                     return
-        source = os.path.join(self.module_dir("k8s.io/kubernetes", KUBERNETES, "kube"), "build", "pause", "linux", "pause.c")
-        util.say("building the pause container (the Kubernetes module's pause.c)")
-        util.run(["gcc", "-Os", "-static", "-o", out + ".tmp", source], log=self.log)
-        util.run(["strip", out + ".tmp"], log=self.log)
+        source = os.path.join(
+            self.module_dir("k8s.io/kubernetes", KUBERNETES, "kube"), "build", "pause", "linux", "pause.c"
+        )
+        say("building the pause container (the Kubernetes module's pause.c)")
+        run(["gcc", "-Os", "-static", "-o", out + ".tmp", source], log=self.log)
+        run(["strip", out + ".tmp"], log=self.log)
         os.replace(out + ".tmp", out)
         with open(stamp, "w") as f:
             f.write(KUBERNETES)
@@ -190,13 +201,12 @@ class Builder:
     def module_dir(self, path, version, module):
         """The unpacked source of `path@version`, as the module `module`
         (under cluster/) resolves it."""
-        out = util.run(["go", "mod", "download", "-json", f"{path}@{version}"], capture=True,
-                       cwd=self.module(module))
+        out = run(["go", "mod", "download", "-json", f"{path}@{version}"], capture=True, cwd=self.module(module))
         return json.loads(out)["Dir"]
 
     def module_version(self, path, module):
         """The version of `path` the module `module` (under cluster/) selects."""
-        out = util.run(["go", "list", "-m", "-json", path], capture=True, cwd=self.module(module))
+        out = run(["go", "list", "-m", "-json", path], capture=True, cwd=self.module(module))
         return json.loads(out)["Version"]
 
     # ---- images ------------------------------------------------------------------
@@ -210,8 +220,7 @@ class Builder:
         out = os.path.join(self.images, folder, f"{name}-{tag}.tar")
         ref = f"ko.local/{name}:{tag}"
         made = os.stat(binary)
-        digest = hashlib.sha256(json.dumps([name, tag, entrypoint, user, ko, made.st_size,
-                                            made.st_mtime_ns]).encode())
+        digest = hashlib.sha256(json.dumps([name, tag, entrypoint, user, ko, made.st_size, made.st_mtime_ns]).encode())
         for code in (__file__, oci_image.__file__):
             with open(code, "rb") as f:
                 digest.update(f.read())
@@ -226,10 +235,14 @@ class Builder:
         entries = oci_image.user_files() + [("tmp", None, 0o1777)]
         environment = []
         if ko:
-            entries += [("ko-app", None, 0o755), (entrypoint.lstrip("/"), data, 0o755),
-                        ("var", None, 0o755), ("var/run", None, 0o755), ("var/run/ko", None, 0o755)]
-            environment += ["KO_DATA_PATH=/var/run/ko",
-                            "PATH=/ko-app:/usr/local/bin:/usr/bin:/bin"]
+            entries += [
+                ("ko-app", None, 0o755),
+                (entrypoint.lstrip("/"), data, 0o755),
+                ("var", None, 0o755),
+                ("var/run", None, 0o755),
+                ("var/run/ko", None, 0o755),
+            ]
+            environment += ["KO_DATA_PATH=/var/run/ko", "PATH=/ko-app:/usr/local/bin:/usr/bin:/bin"]
         else:
             entries.append((entrypoint.lstrip("/"), data, 0o755))
         config = {"User": user, "Entrypoint": [entrypoint]}
@@ -254,21 +267,21 @@ class Builder:
             component = name in ("activator", "autoscaler", "controller", "webhook", "queue")
             # Knative's test images go by the tag its e2e tests ask for.
             tag = serving if component else "e2e"
-            images.append(self.image(name, tag, os.path.join(folder, name), f"/ko-app/{name}", ko=True,
-                                     folder=serving))
+            images.append(self.image(name, tag, os.path.join(folder, name), f"/ko-app/{name}", ko=True, folder=serving))
         return images
 
     def qproxy_image(self):
         """qproxy's release image, built by deploy/build-image.sh and named
         after its manifest's digest, so that a changed qproxy is a new image
         (and new revisions) rather than the same name over other bytes."""
-        util.say("building qproxy's image (deploy/build-image.sh)")
+        say("building qproxy's image (deploy/build-image.sh)")
         with open(self.log, "ab") as log:
-            out = subprocess.run([os.path.join(ROOT, "deploy", "build-image.sh")], cwd=ROOT,
-                                 stdout=subprocess.PIPE, stderr=log)
+            out = subprocess.run(
+                [os.path.join(ROOT, "deploy", "build-image.sh")], cwd=ROOT, stdout=subprocess.PIPE, stderr=log
+            )
         lines = out.stdout.decode().strip().splitlines()
         if out.returncode != 0 or not lines:
-            raise util.PhaseError("deploy/build-image.sh failed", self.log)
+            raise PhaseError("deploy/build-image.sh failed", self.log)
         archive = os.path.join(ROOT, lines[-1])
         with tarfile.open(archive) as tar:
             index = json.load(tar.extractfile("index.json"))

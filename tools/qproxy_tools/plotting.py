@@ -1,12 +1,13 @@
-"""matplotlib for the benches' pictures (benches/harness.py,
-benches/cluster.py): installed from PyPI into target/bench-venv when this
-Python lacks it, and set so that the same figures make the same SVG."""
+"""matplotlib for the benchmarks' pictures: installed from PyPI into
+target/bench-venv when this Python lacks it, and set so that the same
+figures make the same SVG."""
 
 import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import ROOT
+
 VENV = os.path.join(ROOT, "target", "bench-venv")
 MATPLOTLIB = "matplotlib==3.10.9"
 
@@ -20,6 +21,7 @@ def with_matplotlib(script, say=lambda message: print(message, file=sys.stderr, 
     installed there from PyPI, unless this Python already has it."""
     try:
         import matplotlib  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -36,10 +38,12 @@ def with_matplotlib(script, say=lambda message: print(message, file=sys.stderr, 
 def pyplot():
     """matplotlib's pyplot, writing SVG with text as text and no date."""
     import matplotlib
+
     matplotlib.use("svg")
     matplotlib.rcParams["svg.hashsalt"] = "qproxy"
     matplotlib.rcParams["svg.fonttype"] = "none"
     import matplotlib.pyplot as plt
+
     return plt
 
 

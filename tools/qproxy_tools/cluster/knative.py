@@ -9,7 +9,12 @@ import os
 import re
 import time
 
-from . import build, util
+from .. import ROOT
+from ..commands import PhaseError, wait_until
+from ..progress import Progress
+from .build import TRAEFIK
+
+say = Progress("cluster")
 
 INGRESS_CLASS = "traefik.ingress.networking.knative.dev"
 # The domain Knative gives routes; nothing resolves it, clients send it as
@@ -40,15 +45,8 @@ class Knative:
         self.module = f"serving/{serving}"
         self.out = os.path.join(node.build, "knative", serving)
         self.log = node.log("knative")
+        self.kubectl = node.kubectl(self.log)
         self.src = None
-
-    def kubectl(self, *args, capture=False, check=True):
-        return util.run(
-            [self.node.kube("kubectl"), "--kubeconfig", self.node.kubeconfig] + list(args),
-            log=None if capture else self.log,
-            capture=capture,
-            check=check,
-        )
 
     def prepare(self):
         """Finds the sources the install reads (Knative's config/, the
@@ -115,7 +113,7 @@ class Knative:
         crd_path = os.path.join(self.out, "serving-crds.yaml")
         core_path = os.path.join(self.out, "serving-core.yaml")
         with open(crd_path, "w") as f:
-            f.write("---\n".join(d for d, rel in zip(docs, files) if rel in crds))
+            f.write("---\n".join(d for d, rel in zip(docs, files, strict=False) if rel in crds))
         with open(core_path, "w") as f:
             f.write("---\n".join(docs))
         return crd_path, core_path
@@ -131,19 +129,21 @@ class Knative:
         place of the patch's example. Returns its folder."""
         folder = os.path.join(self.out, "qproxy")
         os.makedirs(folder, exist_ok=True)
-        base = os.path.join(build.ROOT, "knative-overlay", "base")
+        base = os.path.join(ROOT, "knative-overlay", "base")
         with open(os.path.join(base, "kustomization.yaml")) as f:
             kustomization = f.read()
         urls = re.findall(r"^(\s*- )(https://\S+/serving-core\.yaml)$", kustomization, re.M)
         if len(urls) != 1:
-            raise util.PhaseError("knative-overlay/base/kustomization.yaml: expected one serving-core.yaml URL "
-                                  f"among its resources, found {len(urls)}")
+            raise PhaseError(
+                "knative-overlay/base/kustomization.yaml: expected one serving-core.yaml URL "
+                f"among its resources, found {len(urls)}"
+            )
         kustomization = kustomization.replace(urls[0][1], "serving-core.yaml")
         with open(os.path.join(base, "queue-sidecar-image.yaml")) as f:
             patch = f.read()
         placeholder = "registry.example.com/qproxy:0.1.0"
         if placeholder not in patch:
-            raise util.PhaseError(f"knative-overlay/base/queue-sidecar-image.yaml no longer names {placeholder}")
+            raise PhaseError(f"knative-overlay/base/queue-sidecar-image.yaml no longer names {placeholder}")
         files = {
             "kustomization.yaml": kustomization,
             "queue-sidecar-image.yaml": patch.replace(placeholder, image),
@@ -161,7 +161,7 @@ class Knative:
         """Installs the release; with qproxy as the queue-proxy through
         knative-overlay/base (kubectl apply -k), with Knative's own by the
         release's serving-core.yaml alone."""
-        util.say(f"installing Knative Serving {self.serving} (config/ of its module, local images)")
+        say(f"installing Knative Serving {self.serving} (config/ of its module, local images)")
         crds, core = self.release_yaml()
         self.kubectl("apply", "-f", crds)
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
@@ -171,31 +171,33 @@ class Knative:
             self.kubectl("apply", "-k", self.overlay(core, queue_image))
 
     def install_ingress(self):
-        util.say(f"installing Traefik {build.TRAEFIK} (Knative and Gateway API providers)")
+        say(f"installing Traefik {TRAEFIK} (Knative and Gateway API providers)")
         os.makedirs(self.out, exist_ok=True)
         gateway = self.src["sigs.k8s.io/gateway-api"]
         for crd in sorted(glob.glob(os.path.join(gateway, "config", "crd", "standard", "*.yaml"))):
             self.kubectl("apply", "-f", crd)
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
-        with open(os.path.join(build.ROOT, "cluster", "manifests", "traefik.yaml")) as f:
+        with open(os.path.join(ROOT, "cluster", "manifests", "traefik.yaml")) as f:
             text = f.read()
-        text = (text.replace("${TRAEFIK_IMAGE}", f"ko.local/traefik:{build.TRAEFIK}")
-                .replace("${INGRESS_IP}", INGRESS_IP)
-                .replace("${INGRESS_LOCAL_IP}", INGRESS_LOCAL_IP))
+        text = (
+            text.replace("${TRAEFIK_IMAGE}", f"ko.local/traefik:{TRAEFIK}")
+            .replace("${INGRESS_IP}", INGRESS_IP)
+            .replace("${INGRESS_LOCAL_IP}", INGRESS_LOCAL_IP)
+        )
         path = os.path.join(self.out, "traefik.yaml")
         with open(path, "w") as f:
             f.write(text)
         self.kubectl("apply", "-f", path)
 
     def wait_ready(self, timeout=900):
-        util.say("waiting for Knative and Traefik to be ready")
+        say("waiting for Knative and Traefik to be ready")
         deadline = time.monotonic() + timeout
         for namespace in ("knative-serving", "traefik"):
-            util.wait_until(
+            wait_until(
                 f"the Deployments of {namespace} available",
-                lambda: self.kubectl(
-                    "-n", namespace, "wait", "--for=condition=Available", "deployment", "--all",
-                    "--timeout=20s", check=False) == 0,
+                lambda namespace=namespace: self.kubectl.ok(
+                    "-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", "--timeout=20s"
+                ),
                 max(10, deadline - time.monotonic()),
                 log=self.log,
             )
@@ -204,28 +206,38 @@ class Knative:
 
     def current_image(self):
         """queue-sidecar-image as config-deployment has it now, if installed."""
-        out = self.kubectl("-n", "knative-serving", "get", "configmap", "config-deployment",
-                           "-o", "jsonpath={.data.queue-sidecar-image}", capture=True, check=False)
-        return out.strip() or None
+        out = self.kubectl(
+            "-n",
+            "knative-serving",
+            "get",
+            "configmap",
+            "config-deployment",
+            "-o",
+            "jsonpath={.data.queue-sidecar-image}",
+            check=False,
+        )
+        return (out or "").strip() or None
 
     def use(self, image, timeout=300):
         """Sets queue-sidecar-image, and waits until every revision's
         Deployment asks for it (Knative recomputes them all)."""
-        patch = json.dumps({"data": {"queue-sidecar-image": image}})
-        util.wait_until(
+        wait_until(
             "config-deployment patched (Knative's webhook answering)",
-            lambda: self.kubectl("-n", "knative-serving", "patch", "configmap", "config-deployment",
-                                 "--type", "merge", "-p", patch, check=False) == 0,
+            lambda: (
+                self.kubectl.merge_configmap(
+                    "knative-serving", "config-deployment", {"queue-sidecar-image": image}, check=False
+                )
+                is not None
+            ),
             120,
             log=self.log,
         )
 
         def rolled():
-            out = self.kubectl("get", "deployments", "-A", "-l", "serving.knative.dev/revision",
-                               "-o", "json", capture=True, check=False)
-            if not out:
+            found = self.kubectl.json("get", "deployments", "-A", "-l", "serving.knative.dev/revision", check=False)
+            if not found:
                 return False
-            for item in json.loads(out)["items"]:
+            for item in found["items"]:
                 if item["metadata"].get("deletionTimestamp"):
                     continue
                 containers = item["spec"]["template"]["spec"]["containers"]
@@ -233,13 +245,13 @@ class Knative:
                     return False
             return True
 
-        util.wait_until("every revision's Deployment on the new queue-proxy", rolled, timeout, log=self.log)
+        wait_until("every revision's Deployment on the new queue-proxy", rolled, timeout, log=self.log)
 
 
 def with_data(text, values, rel):
     """The ConfigMap `text` with `values` added under its `data:`, leaving
     the `_example` block (and so its checksum) as it is."""
     if text.count("\ndata:\n") != 1:
-        raise util.PhaseError(f"config/core/{rel}: expected one `data:` block")
+        raise PhaseError(f"config/core/{rel}: expected one `data:` block")
     lines = "".join(f"  {json.dumps(k)}: {json.dumps(v)}\n" for k, v in values.items())
     return text.replace("\ndata:\n", "\ndata:\n" + lines, 1)

@@ -1,0 +1,75 @@
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from qproxy_tools.bench import contenders
+
+
+def nginx_conf(tmp_path, tls=True):
+    certs = tmp_path / "certs"
+    tls_text = contenders.config("nginx-tls.conf").format(tls_port=18443, certs=certs) if tls else ""
+    return contenders.config("nginx.conf").format(tmp=tmp_path, port=18080, h2_port=18081, app=18082, tls=tls_text)
+
+
+def haproxy_cfg(tmp_path, tls=True):
+    pem = tmp_path / "tls.pem"
+    tls_text = contenders.config("haproxy-tls.cfg").format(tls_port=18443, pem=pem) if tls else ""
+    return contenders.config("haproxy.cfg").format(port=18080, h2_port=18081, app=18082, tls=tls_text)
+
+
+def envoy_yaml(tmp_path, tls=True):
+    tls_text = contenders.config("envoy-tls.yaml").format(tls_port=18443, certs=tmp_path) if tls else ""
+    return contenders.config("envoy.yaml").format(port=18080, app=18082, tls=tls_text)
+
+
+def test_every_configuration_takes_its_fields(tmp_path):
+    # A field the harness does not fill in would raise KeyError here.
+    for text in (nginx_conf(tmp_path), haproxy_cfg(tmp_path), envoy_yaml(tmp_path)):
+        assert "18080" in text and "18082" in text
+        assert "18443" in text
+
+
+def test_nginx_proxies_to_the_app_kept_alive(tmp_path):
+    text = nginx_conf(tmp_path, tls=False)
+    assert "upstream app { server 127.0.0.1:18082; keepalive 128; }" in text
+    assert "listen 127.0.0.1:18081 http2;" in text
+    assert "worker_processes 1;" in text
+
+
+def test_haproxy_sends_grpc_over_h2c(tmp_path):
+    text = haproxy_cfg(tmp_path, tls=False)
+    assert "nbthread 1" in text
+    assert "use_backend app_h2c if { req.hdr(content-type) -m beg application/grpc }" in text
+    assert "server app 127.0.0.1:18082 proto h2" in text
+
+
+@pytest.mark.skipif(not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")), reason="nginx not installed")
+def test_nginx_accepts_its_configuration(tmp_path):
+    (tmp_path / "nginx.conf").write_text(nginx_conf(tmp_path, tls=False))
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    done = subprocess.run([nginx, "-t", "-c", tmp_path / "nginx.conf", "-p", tmp_path], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(not (shutil.which("haproxy") or os.path.exists("/usr/sbin/haproxy")), reason="no haproxy")
+def test_haproxy_accepts_its_configuration(tmp_path):
+    (tmp_path / "haproxy.cfg").write_text(haproxy_cfg(tmp_path, tls=False))
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    done = subprocess.run([haproxy, "-c", "-f", tmp_path / "haproxy.cfg"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_knative_env_is_a_default_revisions_on_the_harness_ports():
+    env = contenders.knative_env(user_port=8080, main_port=8012, cc=10, metrics=False)
+    assert env["USER_PORT"] == "8080"
+    assert env["QUEUE_SERVING_PORT"] == "8012"
+    assert env["CONTAINER_CONCURRENCY"] == "10"
+    assert env["SERVING_REQUEST_METRICS_BACKEND"] == ""
+    probe = json.loads(env["SERVING_READINESS_PROBE"])
+    assert probe == {"tcpSocket": {"port": 8080, "host": "127.0.0.1"}, "successThreshold": 1}
+    # The classic generation's variables, as the Go queue-proxy v0.42.2 reads them.
+    assert "SERVING_NAMESPACE" in env
+    assert contenders.knative_env(8080, 8012)["SERVING_REQUEST_METRICS_BACKEND"] == "prometheus"

@@ -1,0 +1,69 @@
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+
+from qproxy_tools import oci_image
+
+
+def files_of(tmp_path, image="qproxy", mtime=0):
+    binary = tmp_path / "bin"
+    binary.write_bytes(b"\x7fELF not really")
+    files, _ = oci_image.build(str(binary), image, "qproxy:1.0", "amd64", "1.0", mtime)
+    return dict(files)
+
+
+def test_the_same_binary_gives_the_same_bytes(tmp_path):
+    assert files_of(tmp_path) == files_of(tmp_path)
+
+
+def test_every_blob_is_named_by_its_digest_and_referenced_by_it(tmp_path):
+    files = files_of(tmp_path)
+    for path, data in files.items():
+        if path.startswith("blobs/sha256/"):
+            assert path.rsplit("/", 1)[1] == hashlib.sha256(data).hexdigest()
+    index = json.loads(files["index.json"])
+    manifest_digest = index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads(files[f"blobs/sha256/{manifest_digest}"])
+    assert "blobs/sha256/" + manifest["config"]["digest"].split(":")[1] in files
+    assert "blobs/sha256/" + manifest["layers"][0]["digest"].split(":")[1] in files
+    assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == "docker.io/library/qproxy:1.0"
+
+
+def test_the_layer_holds_the_binary_and_the_users(tmp_path):
+    files = files_of(tmp_path)
+    manifest = json.loads(files["blobs/sha256/" + json.loads(files["index.json"])["manifests"][0]["digest"][7:]])
+    layer = files["blobs/sha256/" + manifest["layers"][0]["digest"][7:]]
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as tar:
+        names = {m.name: m for m in tar.getmembers()}
+        assert tar.extractfile(names["qproxy"]).read() == b"\x7fELF not really"
+        assert names["qproxy"].mode == 0o755
+        assert b"nonroot" in tar.extractfile(names["etc/passwd"]).read()
+
+
+def test_the_sidecar_runs_as_nonroot_with_the_heap_settings(tmp_path):
+    files = files_of(tmp_path)
+    manifest = json.loads(files["blobs/sha256/" + json.loads(files["index.json"])["manifests"][0]["digest"][7:]])
+    config = json.loads(files["blobs/sha256/" + manifest["config"]["digest"][7:]])
+    assert config["config"]["User"] == "65532:65532"
+    assert config["config"]["Entrypoint"] == ["/qproxy"]
+    assert any(e.startswith("GLIBC_TUNABLES=") for e in config["config"]["Env"])
+    assert "8012/tcp" in config["config"]["ExposedPorts"]
+
+
+def test_names_as_containerd_spells_them():
+    assert oci_image.qualified("qproxy:1") == "docker.io/library/qproxy:1"
+    assert oci_image.qualified("me/qproxy:1") == "docker.io/me/qproxy:1"
+    assert oci_image.qualified("ko.local/qproxy:1") == "ko.local/qproxy:1"
+    assert oci_image.qualified("localhost/qproxy:1") == "localhost/qproxy:1"
+
+
+def test_the_archive_is_written_whole(tmp_path):
+    binary = tmp_path / "bin"
+    binary.write_bytes(b"x")
+    files, _ = oci_image.build(str(binary), "qproxy-accel", "qproxy-accel:1", "amd64", "1", 0)
+    out = tmp_path / "image.tar"
+    oci_image.write_archive(str(out), files, 0)
+    with tarfile.open(out) as tar:
+        assert [m.name for m in tar.getmembers() if m.isfile()] == [path for path, _ in files]
