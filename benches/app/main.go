@@ -11,7 +11,8 @@
 //	                     → "done\n" after work × (1 + held/knee) rounds of
 //	                       arithmetic, held being the requests inside at
 //	                       arrival: an app whose CPU per request grows
-//	                       with what it holds (contention, cache misses)
+//	                       with what it holds (contention, cache misses);
+//	                       knee=0: work rounds, whatever it holds
 //	POST /grpc.health.v1.Health/Check → a gRPC unary answer (SERVING),
 //	                       as a gRPC server frames it: length-prefixed
 //	                       message, grpc-status in the trailers
@@ -76,13 +77,16 @@ func main() {
 	mux.HandleFunc("/contended", func(w http.ResponseWriter, r *http.Request) {
 		work, _ := strconv.Atoi(r.URL.Query().Get("work"))
 		knee, err := strconv.Atoi(r.URL.Query().Get("knee"))
-		if err != nil || knee <= 0 || work < 0 {
+		if err != nil || knee < 0 || work < 0 {
 			http.Error(w, "bad work or knee", http.StatusBadRequest)
 			return
 		}
 		n := held.Add(1)
 		defer held.Add(-1)
-		rounds := float64(work) * (1 + float64(n)/float64(knee))
+		rounds := float64(work)
+		if knee > 0 {
+			rounds *= 1 + float64(n)/float64(knee)
+		}
 		if spin(int(rounds)) == 42 {
 			w.Header().Set("X-Lucky", "1")
 		}
