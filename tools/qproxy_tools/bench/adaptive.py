@@ -46,11 +46,13 @@ LIMIT = "qproxy_adaptive_concurrency_limit{"
 LIMIT_BOUNDS = (1, 1000)
 # The open load's rates, times the app's capacity, and the knees it runs
 # against.
-RATES = (0.5, 1.0, 1.5, 2.0)
+RATES = (0.5, 1.0, 1.5)
 OPEN_KNEES = (0, 64)
 # The connections that measure the app's capacity: few enough that the
 # app holds next to nothing, enough to keep its core busy.
 CAPACITY_CONNECTIONS = 4
+# The TIME-WAIT connections below which the next open run starts.
+TIME_WAIT_SETTLED = 1000
 VEGETA = "github.com/tsenart/vegeta/v12"
 VEGETA_VERSION = "v12.13.0"
 
@@ -252,12 +254,31 @@ def percentile(ordered, q):
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
+def time_wait_sockets():
+    """The machine's TCP connections in TIME-WAIT."""
+    out = subprocess.run(["ss", "-Htan", "state", "time-wait"], capture_output=True, text=True).stdout
+    return len(out.splitlines())
+
+
+def ports_settled(timeout=120):
+    """Waits until the connections an open load closed have left TIME-WAIT
+    (a load above capacity holds thousands at once, each through qproxy to
+    the app: two loopback ports each), so that the next run finds ports to
+    bind and to connect from."""
+    deadline = time.monotonic() + timeout
+    while time_wait_sockets() > TIME_WAIT_SETTLED:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{time_wait_sockets()} connections still in TIME-WAIT after {timeout} s")
+        time.sleep(1)
+
+
 def open_loop(args, bins, knee, cap):
     """{(rate factor, contender): [round results]} of the open load."""
     results = {}
     for rnd in range(args.open_rounds):
         for factor in args.rates:
             for name in ("qproxy", "qproxy-adaptive"):
+                ports_settled()
                 r = measured(
                     bins,
                     name,
@@ -369,7 +390,8 @@ def section(args, results):
             "**Open loop**: requests at fixed rates, sent whatever the answers' latency (vegeta "
             f"{VEGETA_VERSION}, on CPU 0 with qproxy, 30 s timeout), at fractions of the app's capacity ({caps}: "
             f"the app alone, {CAPACITY_CONNECTIONS} connections), {args.open_rounds} round(s) of {args.seconds} s, "
-            "each with a fresh app. `sent/s` is what the generator managed: below the rate asked, it fell behind "
+            "each with a fresh app, once the last run's connections have left TIME-WAIT. `sent/s` is what the "
+            "generator managed: below the rate asked, it fell behind "
             "(its core shared, thousands of requests in flight). Goodput counts the 2xx answers over the run's "
             "seconds, those that came after its end included; latency is the 2xx answers'; `503` is Knative's "
             "breaker's answer once the queue behind the limit holds 10,000; other errors are mostly the 30 s "
@@ -456,7 +478,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--connections", type=int, default=200)
     ap.add_argument("--open-rounds", type=int, default=1, help="rounds of the open load")
-    ap.add_argument("--work", type=int, default=400000)
+    ap.add_argument("--work", type=int, default=1000000)
     ap.add_argument("--knees", default="0,256,64,16", help="the app's knees for the closed load (0: no growth)")
     ap.add_argument("--open-knees", default=",".join(map(str, OPEN_KNEES)), help="the knees of the open load")
     ap.add_argument("--smoke", action="store_true", help="one short round; nothing written")
