@@ -18,13 +18,12 @@ their own, is printed against what the whole corpus reaches.
 Needs the targets built as `scripts/test fuzz` builds them.
 """
 
-import argparse
 import os
 import shutil
 import subprocess
 import tempfile
 
-from . import ROOT
+from . import ROOT, arguments
 
 FUZZ = os.path.join(ROOT, "fuzz")
 BINARIES = os.path.join(FUZZ, "target", "x86_64-unknown-linux-gnu", "release")
@@ -119,12 +118,7 @@ def targets():
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        prog="fuzz/minimize",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    parser = arguments.parser("fuzz/minimize", __doc__)
     parser.add_argument("--budget", type=int, default=40, help="inputs kept per target (default: %(default)s)")
     parser.add_argument("targets", nargs="*", help="default: every target")
     args = parser.parse_args()

@@ -60,12 +60,11 @@ def test_503s_fail_below_capacity_only():
     assert adaptive.problems(open_load(1.5, 2)) == []
 
 
-def test_the_section_states_its_premise_and_the_models_prediction(monkeypatch):
-    monkeypatch.setattr(adaptive, "run_facts", lambda: "2026-11-29, commit abc, 2 vCPU X, Linux Y")
+def test_the_section_states_its_premise_and_the_models_prediction():
     args = SimpleNamespace(rounds=1, open_rounds=1, seconds=10, connections=200, work=100000, rates=(0.5,))
     no_growth = closed(limit=20)
     results = {"closed": {64: closed(), 0: no_growth}, "capacity": {}, "open": {}}
-    text = adaptive.section(args, results)
+    text = adaptive.section(args, "2026-11-29, commit abc, 2 vCPU X, Linux Y", results)
     assert text.startswith(adaptive.BEGIN) and text.rstrip().endswith(adaptive.END)
     assert "2026-11-29, commit abc" in text
     assert "with K none its cost does not grow" in text
@@ -74,8 +73,7 @@ def test_the_section_states_its_premise_and_the_models_prediction(monkeypatch):
     assert "knee none: 2.97× (the model alone: 1.00×)" in text
 
 
-def test_the_open_load_shows_what_the_generator_sent(monkeypatch):
-    monkeypatch.setattr(adaptive, "run_facts", lambda: "today")
+def test_the_open_load_shows_what_the_generator_sent():
     args = SimpleNamespace(rounds=1, open_rounds=1, seconds=10, connections=200, work=400000, rates=(1.0,))
     rounds = [{"sent": 9000, "goodput": 850.0, "p50": 0.3, "p99": 0.4, "shed": 12, "errors": 3, "limit": 7}]
     results = {
@@ -83,5 +81,5 @@ def test_the_open_load_shows_what_the_generator_sent(monkeypatch):
         "capacity": {64: 1000.0},
         "open": {64: {(1.0, "qproxy"): rounds, (1.0, "qproxy-adaptive"): rounds}},
     }
-    text = adaptive.section(args, results)
+    text = adaptive.section(args, "today", results)
     assert "| 64 | 1.0× (1,000/s) | `qproxy-adaptive` | 900 | 850 | 300.0 ms | 400.0 ms | 12 | 3 | 7 |" in text

@@ -21,7 +21,6 @@ Needs what benches/harness.py needs for load 1 (cargo, go, taskset, wrk);
 installs vegeta from the Go module proxy into target/tools.
 """
 
-import argparse
 import csv
 import os
 import statistics
@@ -31,8 +30,8 @@ import threading
 import time
 import urllib.request
 
-from .. import ROOT, plotting
-from . import procs
+from .. import ROOT, arguments, plotting
+from . import binaries, procs
 from .contenders import Contender
 from .installs import DEBIAN_PACKAGES, install_debian, tool_path
 from .loads import run_wrk
@@ -58,15 +57,7 @@ VEGETA_VERSION = "v12.13.0"
 
 
 def build(args):
-    bins = {}
-    if args.qproxy_bin:
-        bins["qproxy"] = args.qproxy_bin
-    else:
-        subprocess.run(["cargo", "build", "--release", "-p", "qproxy", "--locked"], cwd=ROOT, check=True)
-        bins["qproxy"] = os.path.join(ROOT, "target", "release", "qproxy")
-    app = os.path.join(ROOT, "target", "bench", "app")
-    subprocess.run(["go", "build", "-o", app, "."], cwd=os.path.join(BENCHES, "app"), check=True)
-    bins["app"] = app
+    bins = {"qproxy": binaries.qproxy(args.qproxy_bin), "app": binaries.app()}
     if not tool_path("wrk"):
         install_debian([DEBIAN_PACKAGES["wrk"]])
     bins["wrk"] = tool_path("wrk") or sys.exit("adaptive: wrk is not installed (Debian: wrk)")
@@ -344,12 +335,12 @@ def problems(results):
     return found
 
 
-def section(args, results):
+def section(args, facts, results):
     lines = [
         BEGIN,
         "## Adaptive concurrency under overload (`benches/adaptive.py`)",
         "",
-        f"{run_facts()}: `benches/adaptive.py`, {args.rounds} rounds of {args.seconds} s per load, medians.",
+        f"{facts}: `benches/adaptive.py`, {args.rounds} rounds of {args.seconds} s per load, medians.",
         "",
         f"The app (`benches/app`'s `/contended?work={args.work}&knee=K`) does {args.work:,} rounds of arithmetic "
         "per request, times (1 + held/K), held being the requests inside it at arrival, yielding as threads "
@@ -470,9 +461,7 @@ def write(text):
 
 
 def main():
-    ap = argparse.ArgumentParser(
-        prog="benches/adaptive.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = arguments.parser("benches/adaptive.py", __doc__)
     ap.add_argument("--qproxy-bin", help="use this qproxy binary instead of building --release")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=10)
@@ -483,6 +472,8 @@ def main():
     ap.add_argument("--open-knees", default=",".join(map(str, OPEN_KNEES)), help="the knees of the open load")
     ap.add_argument("--smoke", action="store_true", help="one short round; nothing written")
     args = ap.parse_args()
+    # The commit and the machine as the run begins: what it measures.
+    facts = run_facts()
     args.knees = [int(k) for k in args.knees.split(",") if k]
     args.open_knees = [int(k) for k in args.open_knees.split(",") if k]
     if args.smoke:
@@ -499,6 +490,6 @@ def main():
     if args.smoke:
         return 1 if found else 0
     picture(args, results, os.path.join(BENCHES, "adaptive.svg"))
-    write(section(args, results))
+    write(section(args, facts, results))
     print(f"written: {RESULTS} and benches/adaptive.svg")
     return 0

@@ -15,20 +15,27 @@ from .installs import DEBIAN_PACKAGES, envoy_bin, install_debian, tool_path
 from .loads import TLS_LOAD_NUMBERS
 
 
+def qproxy(given):
+    """The qproxy binary `given` (--qproxy-bin), or the workspace's, built
+    --release."""
+    if given:
+        return given
+    subprocess.run(["cargo", "build", "--release", "-p", "qproxy", "--locked"], cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target", "release", "qproxy")
+
+
+def app():
+    """benches/app, built."""
+    out = os.path.join(ROOT, "target", "bench", "app")
+    subprocess.run(["go", "build", "-o", out, "."], cwd=os.path.join(ROOT, "benches", "app"), check=True)
+    return out
+
+
 def build(args):
     """Paths of the binaries, building what is missing."""
-    out = {}
-    if args.qproxy_bin:
-        out["qproxy"] = args.qproxy_bin
-    else:
-        subprocess.run(["cargo", "build", "--release", "-p", "qproxy", "--locked"], cwd=ROOT, check=True)
-        out["qproxy"] = os.path.join(ROOT, "target", "release", "qproxy")
+    out = {"qproxy": qproxy(args.qproxy_bin), "qproxy-env": args.qproxy_env, "app": app()}
     if args.base_bin:
         out["qproxy-base"] = args.base_bin
-    out["qproxy-env"] = args.qproxy_env
-    app = os.path.join(ROOT, "target", "bench", "app")
-    subprocess.run(["go", "build", "-o", app, "."], cwd=os.path.join(ROOT, "benches", "app"), check=True)
-    out["app"] = app
     if "go-qp" in args.contenders:
         go_qp = os.path.join(ROOT, "target", "oracle", "queue-v0.42.2")
         subprocess.run([os.path.join(ROOT, "tests", "oracle", "build.sh"), "v0.42.2", go_qp], check=True)

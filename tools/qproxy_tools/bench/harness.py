@@ -11,7 +11,6 @@ for the TLS loads, openssl, and root with unshare for the Go queue-proxy
 (its certificate path is fixed: it gets a mount namespace of its own).
 """
 
-import argparse
 import os
 import resource
 import socket
@@ -19,13 +18,13 @@ import subprocess
 import sys
 import time
 
-from .. import ROOT, plotting
+from .. import ROOT, arguments, plotting
 from .binaries import build
 from .callgrind import run_instructions
 from .contenders import Contender
 from .loads import TLS_HANDSHAKES, TLS_KEEP_ALIVE, measured, run_wrk, throughput_loads
 from .procs import TICK, check_app_answers, cpu_ticks, rss_kib, start_app, stop
-from .report import BENCHES, instructions_picture, picture, report, svg_name, write
+from .report import BENCHES, instructions_picture, picture, report, run_facts, svg_name, write
 
 
 def run_throughput(args, bins):
@@ -166,7 +165,7 @@ def run_allocations():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments.parser("benches/harness.py", __doc__)
     ap.add_argument(
         "--smoke", action="store_true", help="one short round of load 1, qproxy and direct; nothing written"
     )
@@ -198,6 +197,8 @@ def main():
         help="count each proxy's instructions per request under callgrind over N and 2N requests (0: not at all)",
     )
     args = ap.parse_args()
+    # The commit and the machine as the run begins: what it measures.
+    facts = run_facts()
     if args.smoke:
         args.rounds, args.seconds, args.contenders, args.loads, args.variants = 1, 2, "direct,qproxy", "1", "unpinned"
     args.contenders = args.contenders.split(",")
@@ -245,5 +246,5 @@ def main():
         picture(args, throughput, load, os.path.join(BENCHES, svg_name(load)))
     if instructions and instructions_picture(instructions, os.path.join(BENCHES, "instructions.svg")):
         pictures.append("[instructions by part](instructions.svg)")
-    write(args, command, table, throughput, pictures)
+    write(args, command, facts, table, throughput, pictures)
     print("written: benches/side-by-side.md, RESULTS.md's section and a picture per load")

@@ -28,7 +28,6 @@ the pictures are drawn by matplotlib, installed from PyPI into
 target/bench-venv when missing.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ import statistics
 import subprocess
 import sys
 
-from .. import ROOT, plotting, services
+from .. import ROOT, arguments, plotting, services
 from ..cluster import build, knative
 from ..cluster.host import CGROUP_FS
 from ..cluster.node_config import CGROUP
@@ -366,12 +365,7 @@ def main():
 
 
 def measure_and_write():
-    ap = argparse.ArgumentParser(
-        prog="benches/cluster.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    ap = arguments.parser("benches/cluster.py", __doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--connections", type=int, default=70)

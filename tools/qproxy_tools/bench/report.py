@@ -154,15 +154,16 @@ def run_facts():
     return f"{datetime.date.today()}, commit {commit}, {os.cpu_count()} vCPU {cpu}, Linux {platform.release()}"
 
 
-def run_line(args, command):
-    """The run's facts, its command, rounds and seconds."""
-    return f"{run_facts()}: `{command.strip()}`, {args.rounds} rounds of {args.seconds} s, medians"
+def run_line(args, command, facts):
+    """The run's facts (`run_facts` as the run began), its command, rounds
+    and seconds."""
+    return f"{facts}: `{command.strip()}`, {args.rounds} rounds of {args.seconds} s, medians"
 
 
-def write(args, command, table, throughput, pictures):
+def write(args, command, facts, table, throughput, pictures):
     """Writes every table to benches/side-by-side.md and the short section
     between RESULTS.md's markers (added at its end when it has none)."""
-    line = run_line(args, command)
+    line = run_line(args, command, facts)
     method = (
         f"{args.rounds} rounds alternating contenders (each round starting one later), {args.seconds} s per "
         "load, medians; pinned: proxy on CPU 0, app and client on CPU 1 (Go queue-proxy with GOMAXPROCS=1, "

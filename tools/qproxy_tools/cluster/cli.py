@@ -40,7 +40,7 @@ import os
 import sys
 import time
 
-from .. import ROOT
+from .. import ROOT, arguments
 from ..commands import PhaseError
 from ..commands import run as run_command
 from ..progress import Progress
@@ -255,29 +255,20 @@ def down(args):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        prog="scripts/cluster",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    parser = arguments.parser("scripts/cluster", __doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
-    p = verbs.add_parser("up", help="build what is missing, start the cluster, install Knative")
-    p.add_argument(
-        "--serving",
-        choices=build.SERVINGS,
-        default=build.SERVINGS[0],
-        help="the Knative Serving release (default: %(default)s)",
-    )
-    p.set_defaults(func=up)
-    p = verbs.add_parser("build", help="build what up needs (but qproxy's image), start nothing")
-    p.add_argument(
-        "--serving",
-        choices=build.SERVINGS,
-        default=build.SERVINGS[0],
-        help="the Knative Serving release (default: %(default)s)",
-    )
-    p.set_defaults(func=build_only)
+    for verb, func, what in (
+        ("up", up, "build what is missing, start the cluster, install Knative"),
+        ("build", build_only, "build what up needs (but qproxy's image), start nothing"),
+    ):
+        p = verbs.add_parser(verb, help=what)
+        p.add_argument(
+            "--serving",
+            choices=build.SERVINGS,
+            default=build.SERVINGS[0],
+            help="the Knative Serving release (default: %(default)s)",
+        )
+        p.set_defaults(func=func)
     p = verbs.add_parser("use", help="switch queue-sidecar-image")
     p.add_argument("image", choices=("qproxy", "go"))
     p.set_defaults(func=use)

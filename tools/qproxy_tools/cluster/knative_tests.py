@@ -29,7 +29,6 @@ skipped or fails with both queue-proxies (EXPLAINED below): the table of
 tests/cluster/results/README.md.
 """
 
-import argparse
 import contextlib
 import datetime
 import json
@@ -39,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from .. import ROOT
+from .. import ROOT, arguments
 from ..commands import PhaseError, run, wait_until
 from ..kubectl import CLUSTER, Kubectl
 from ..progress import Progress
@@ -447,12 +446,7 @@ def record(release, module, tests, results):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        prog="tests/cluster/knative",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    parser = arguments.parser("tests/cluster/knative", __doc__)
     parser.add_argument("--serving", choices=build.SERVINGS, default=build.SERVINGS[0])
     parser.add_argument("--tests", default="named", help="named, all, or a regular expression")
     parser.add_argument("--only", choices=("go", "qproxy"))
