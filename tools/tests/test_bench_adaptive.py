@@ -17,12 +17,19 @@ VEGETA = """1795929767990744114,200,4000000,0,5,,,,0,GET,http://127.0.0.1:1/cont
 def test_vegeta_results_read_whole():
     r = adaptive.parse_vegeta(VEGETA, seconds=2)
     assert r["sent"] == 5
-    assert r["goodput"] == pytest.approx(1.5)
+    # The timeout's answer, 30 s after it was sent, ends the span.
+    assert r["span"] == pytest.approx(30.06, abs=1e-3)
+    assert r["goodput"] == pytest.approx(3 / 30.06, rel=1e-4)
     # Latency is the 2xx answers' only: the fast 503 and the timeout are not in it.
     assert r["p50"] == pytest.approx(0.004)
     assert r["p99"] == pytest.approx(0.006)
     assert r["shed"] == 1
     assert r["errors"] == 1
+
+
+def test_goodput_over_the_runs_seconds_at_least():
+    quick = "1000000000,200,1000000,0,5,,,,0,GET,u,\n1500000000,200,1000000,0,5,,,,1,GET,u,\n"
+    assert adaptive.parse_vegeta(quick, seconds=10)["goodput"] == pytest.approx(0.2)
 
 
 def test_nearest_rank_percentiles():
@@ -61,7 +68,9 @@ def test_503s_fail_below_capacity_only():
 
 
 def test_the_section_states_its_premise_and_the_models_prediction():
-    args = SimpleNamespace(rounds=1, open_rounds=1, seconds=10, connections=200, work=100000, rates=(0.5,))
+    args = SimpleNamespace(
+        rounds=1, open_rounds=1, seconds=10, connections=200, work=100000, rates=(0.5,), overflow=None
+    )
     no_growth = closed(limit=20)
     results = {"closed": {64: closed(), 0: no_growth}, "capacity": {}, "open": {}}
     text = adaptive.section(args, "2026-11-29, commit abc, 2 vCPU X, Linux Y", results)
@@ -74,7 +83,9 @@ def test_the_section_states_its_premise_and_the_models_prediction():
 
 
 def test_the_open_load_shows_what_the_generator_sent():
-    args = SimpleNamespace(rounds=1, open_rounds=1, seconds=10, connections=200, work=400000, rates=(1.0,))
+    args = SimpleNamespace(
+        rounds=1, open_rounds=1, seconds=10, connections=200, work=400000, rates=(1.0,), overflow=None
+    )
     rounds = [{"sent": 9000, "goodput": 850.0, "p50": 0.3, "p99": 0.4, "shed": 12, "errors": 3, "limit": 7}]
     results = {
         "closed": {},
@@ -83,3 +94,15 @@ def test_the_open_load_shows_what_the_generator_sent():
     }
     text = adaptive.section(args, "today", results)
     assert "| 64 | 1.0× (1,000/s) | `qproxy-adaptive` | 900 | 850 | 300.0 ms | 400.0 ms | 12 | 3 | 7 |" in text
+
+
+def test_the_overflow_run_is_the_options_alone():
+    args = SimpleNamespace(rates=(0.5, 1.0), overflow=4.0)
+    assert adaptive.open_runs(args) == [
+        (0.5, "qproxy"),
+        (0.5, "qproxy-adaptive"),
+        (1.0, "qproxy"),
+        (1.0, "qproxy-adaptive"),
+        (4.0, "qproxy-adaptive"),
+    ]
+    assert adaptive.open_runs(SimpleNamespace(rates=(0.5,), overflow=None))[-1] == (0.5, "qproxy-adaptive")

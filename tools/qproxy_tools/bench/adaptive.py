@@ -46,6 +46,10 @@ LIMIT_BOUNDS = (1, 1000)
 # The open load's rates, times the app's capacity, and the knees it runs
 # against.
 RATES = (0.5, 1.0, 1.5)
+# A rate at which the queue behind the limit fills within a run (10,000
+# requests more than the app serves): with the option only, since without
+# it nothing queues in qproxy.
+OVERFLOW = 4.0
 OPEN_KNEES = (0, 64)
 # The connections that measure the app's capacity: few enough that the
 # app holds next to nothing, enough to keep its core busy.
@@ -216,21 +220,28 @@ def run_vegeta(bins, port, url_path, rate, seconds, client_cpu):
 
 def parse_vegeta(text, seconds):
     """vegeta's results as `encode --to=csv` writes them (one request a
-    line: timestamp, code, latency in ns, bytes out, bytes in, error, ...):
-    requests sent, 2xx per second, the 2xx answers' p50 and p99, the 503s
-    and every other failure (another status, or no answer)."""
-    codes, good = [], []
+    line: when it was sent in ns, code, latency in ns, bytes out, bytes in,
+    error, ...): requests sent, 2xx answers per second over the time from
+    the first request sent to the last answer (the run's seconds at least:
+    a queue still draining after the last request stretches it), the 2xx
+    answers' p50 and p99, the 503s and every other failure (another
+    status, or no answer)."""
+    codes, good, first, last = [], [], None, None
     for row in csv.reader(text.splitlines()):
         if len(row) < 3:
             continue
-        code, latency = int(row[1]), int(row[2]) / 1e9
+        sent, code, latency = int(row[0]), int(row[1]), int(row[2])
         codes.append(code)
+        first = sent if first is None else min(first, sent)
+        last = sent + latency if last is None else max(last, sent + latency)
         if 200 <= code < 300:
-            good.append(latency)
+            good.append(latency / 1e9)
     good.sort()
+    span = max(seconds, (last - first) / 1e9) if codes else seconds
     return {
         "sent": len(codes),
-        "goodput": len(good) / seconds,
+        "goodput": len(good) / span,
+        "span": span,
         "p50": percentile(good, 0.50),
         "p99": percentile(good, 0.99),
         "shed": sum(c == 503 for c in codes),
@@ -263,26 +274,31 @@ def ports_settled(timeout=120):
         time.sleep(1)
 
 
+def open_runs(args):
+    """(rate factor, contender) of each open run, in order."""
+    runs = [(factor, name) for factor in args.rates for name in ("qproxy", "qproxy-adaptive")]
+    return runs + ([(args.overflow, "qproxy-adaptive")] if args.overflow else [])
+
+
 def open_loop(args, bins, knee, cap):
     """{(rate factor, contender): [round results]} of the open load."""
     results = {}
     for rnd in range(args.open_rounds):
-        for factor in args.rates:
-            for name in ("qproxy", "qproxy-adaptive"):
-                ports_settled()
-                r = measured(
-                    bins,
-                    name,
-                    lambda port, factor=factor: run_vegeta(bins, port, path(args, knee), cap * factor, args.seconds, 0),
-                )
-                results.setdefault((factor, name), []).append(r)
-                print(
-                    f"  open, knee {knee:3}, {factor:.1f}× capacity ({cap * factor:,.0f}/s), {name:16} round "
-                    f"{rnd + 1}: sent {r['sent'] / args.seconds:6.0f}/s, {r['goodput']:6.0f} 2xx/s  "
-                    f"p50 {ms(r['p50'])}  p99 {ms(r['p99'])}  "
-                    f"503 {r['shed']}  errors {r['errors']}" + (f"  limit {r['limit']}" if r.get("limit") else ""),
-                    flush=True,
-                )
+        for factor, name in open_runs(args):
+            ports_settled()
+            r = measured(
+                bins,
+                name,
+                lambda port, factor=factor: run_vegeta(bins, port, path(args, knee), cap * factor, args.seconds, 0),
+            )
+            results.setdefault((factor, name), []).append(r)
+            print(
+                f"  open, knee {knee:3}, {factor:.1f}× capacity ({cap * factor:,.0f}/s), {name:16} round "
+                f"{rnd + 1}: sent {r['sent'] / args.seconds:6.0f}/s, {r['goodput']:6.0f} 2xx/s  "
+                f"p50 {ms(r['p50'])}  p99 {ms(r['p99'])}  "
+                f"503 {r['shed']}  errors {r['errors']}" + (f"  limit {r['limit']}" if r.get("limit") else ""),
+                flush=True,
+            )
     return results
 
 
@@ -383,10 +399,11 @@ def section(args, facts, results):
             f"the app alone, {CAPACITY_CONNECTIONS} connections), {args.open_rounds} round(s) of {args.seconds} s, "
             "each with a fresh app, once the last run's connections have left TIME-WAIT. `sent/s` is what the "
             "generator managed: below the rate asked, it fell behind "
-            "(its core shared, thousands of requests in flight). Goodput counts the 2xx answers over the run's "
-            "seconds, those that came after its end included; latency is the 2xx answers'; `503` is Knative's "
-            "breaker's answer once the queue behind the limit holds 10,000; other errors are mostly the 30 s "
-            "timeout.",
+            "(its core shared, thousands of requests in flight). Goodput is the 2xx answers over the time from the "
+            "first request sent to the last answer (a queue still draining after the last request stretches it); "
+            "latency is the 2xx answers'; `503` is Knative's "
+            "breaker's answer once the queue behind the limit holds 10,000, which the last row, with the option "
+            f"only, at {OVERFLOW:g}× capacity, sends enough to fill; other errors are mostly the 30 s timeout.",
             "",
             "| knee | rate asked | contender | sent/s | goodput (2xx/s) | p50 | p99 | 503 | other errors | "
             "limit at the end |",
@@ -394,17 +411,16 @@ def section(args, facts, results):
         ]
         for knee, by_load in results["open"].items():
             cap = results["capacity"][knee]
-            for factor in args.rates:
-                for name in ("qproxy", "qproxy-adaptive"):
-                    rounds = by_load[(factor, name)]
-                    limit = med(rounds, "limit")
-                    lines.append(
-                        f"| {knee_name(knee)} | {factor:.1f}× ({cap * factor:,.0f}/s) | `{name}` | "
-                        f"{med(rounds, 'sent') / args.seconds:,.0f} | {med(rounds, 'goodput'):,.0f} | "
-                        f"{ms(med(rounds, 'p50'))} | {ms(med(rounds, 'p99'))} | "
-                        f"{sum(r['shed'] for r in rounds)} | {sum(r['errors'] for r in rounds)} | "
-                        f"{f'{limit:.0f}' if limit else '–'} |"
-                    )
+            for factor, name in open_runs(args):
+                rounds = by_load[(factor, name)]
+                limit = med(rounds, "limit")
+                lines.append(
+                    f"| {knee_name(knee)} | {factor:.1f}× ({cap * factor:,.0f}/s) | `{name}` | "
+                    f"{med(rounds, 'sent') / args.seconds:,.0f} | {med(rounds, 'goodput'):,.0f} | "
+                    f"{ms(med(rounds, 'p50'))} | {ms(med(rounds, 'p99'))} | "
+                    f"{sum(r['shed'] for r in rounds)} | {sum(r['errors'] for r in rounds)} | "
+                    f"{f'{limit:.0f}' if limit else '–'} |"
+                )
         lines.append("")
     lines += ["![goodput and the limit](adaptive.svg)", END]
     return "\n".join(lines) + "\n"
@@ -482,6 +498,7 @@ def main():
         plotting.with_matplotlib(sys.argv[0])
     # The smoke's open load stays below capacity, where no 503 may come.
     args.rates = (0.5,) if args.smoke else RATES
+    args.overflow = None if args.smoke else OVERFLOW
     bins = build(args)
     results = run(args, bins)
     found = problems(results)
