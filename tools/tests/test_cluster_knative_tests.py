@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from qproxy_tools import repository
 from qproxy_tools.cluster import build, knative_tests
 from qproxy_tools.cluster.knative_tests import (
     NAMED,
@@ -461,7 +462,7 @@ def git_repository(path):
 def test_record_is_clean_when_only_the_record_itself_is_rewritten(tmp_path, monkeypatch):
     results = git_repository(tmp_path)
     (results / "knative-v0.50.0.json").write_text('{"rewritten": true}\n')
-    monkeypatch.setattr(knative_tests, "ROOT", str(tmp_path))
+    monkeypatch.setattr(repository, "ROOT", str(tmp_path))
     assert record(CURRENT, "m", "all", {})["dirty"] is False
 
 
@@ -469,7 +470,7 @@ def test_record_with_real_git_is_dirty_with_a_staged_change(tmp_path, monkeypatc
     git_repository(tmp_path)
     (tmp_path / "tests" / "other.txt").write_text("x")
     subprocess.run(["git", "add", "tests/other.txt"], cwd=tmp_path, check=True)
-    monkeypatch.setattr(knative_tests, "ROOT", str(tmp_path))
+    monkeypatch.setattr(repository, "ROOT", str(tmp_path))
     found = record(CURRENT, "m", "all", {})
     assert found["dirty"] is True
     assert len(found["commit"]) == 40

@@ -23,7 +23,6 @@ installs vegeta from the Go module proxy into target/tools.
 
 import csv
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ from . import binaries, procs
 from .contenders import Contender
 from .installs import DEBIAN_PACKAGES, install_debian, tool_path
 from .loads import run_wrk
-from .report import BENCHES, between_markers, run_facts
+from .report import BENCHES, between_markers, med, run_facts
 
 CONTENDERS = ("direct", "qproxy", "qproxy-adaptive")
 RESULTS = os.path.join(BENCHES, "RESULTS.md")
@@ -316,11 +315,6 @@ def run(args, bins):
 
 def ms(seconds):
     return f"{seconds * 1e3:.1f} ms" if seconds is not None else "–"
-
-
-def med(rounds, key):
-    values = [r[key] for r in rounds if r.get(key) is not None]
-    return statistics.median(values) if values else None
 
 
 def knee_name(knee):

@@ -7,9 +7,9 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 
 from .. import ROOT, plotting
+from ..repository import git
 from .callgrind import COUNTED_REQUESTS, PARTS
 from .loads import TLS_HANDSHAKES, TLS_KEEP_ALIVE, throughput_loads
 
@@ -140,10 +140,6 @@ def compact(args, throughput):
 def run_facts():
     """The run's day, the commit it measured (and whether the tree had
     changes beside it) and the machine."""
-
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += " with uncommitted changes"

@@ -42,6 +42,7 @@ from .. import ROOT, arguments
 from ..commands import PhaseError, run, wait_until
 from ..kubectl import CLUSTER, Kubectl
 from ..progress import Progress
+from ..repository import git
 from ..services import image as built_image
 from ..services import service
 from . import build, knative
@@ -418,12 +419,6 @@ def tally(results):
     for r in results.values():
         counts[r["result"]] = counts.get(r["result"], 0) + 1
     return counts
-
-
-def git(*args):
-    """What git printed, but its last newline (a status line starts with a
-    space that says the index is unchanged)."""
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.rstrip("\n")
 
 
 def record(release, module, tests, results):
