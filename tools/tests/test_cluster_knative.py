@@ -146,3 +146,23 @@ def test_overlay_refuses_a_patch_without_the_placeholder(tmp_path, core, monkeyp
 
 def test_go_image_is_the_releases_own_queue_proxy(tmp_path):
     assert knative_in(tmp_path, "v0.42.2").go_image() == "ko.local/queue:v0.42.2"
+
+
+# ---- Prometheus ------------------------------------------------------------------
+
+
+def test_prometheus_is_applied_with_every_placeholder_filled(tmp_path):
+    kn = knative_in(tmp_path)
+    applied = []
+    kn.kubectl = lambda *args: applied.append(args)
+    kn.install_prometheus()
+    ((verb, flag, path),) = applied
+    assert (verb, flag) == ("apply", "-f")
+    with open(path) as f:
+        text = f.read()
+    assert "${" not in text
+    assert f"image: ko.local/prometheus:{knative.PROMETHEUS}" in text
+    assert f"clusterIP: {knative.PROMETHEUS_IP}" in text
+    # The queue-proxy's request-metrics port, by its name, of a revision's pod.
+    assert "regex: .+;http-usermetric" in text
+    assert f"scrape_interval: {knative.SCRAPE_INTERVAL}" in text

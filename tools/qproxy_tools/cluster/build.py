@@ -30,6 +30,8 @@ CACHE = os.environ.get("QPROXY_CLUSTER_CACHE", "/var/cache/qproxy-cluster")
 KUBERNETES = "v1.34.4"
 CONTAINERD = "v2.2.9"
 TRAEFIK = "v3.6.12"
+# Prometheus 3.16.0 is its module's v0.316.0 (cluster/prometheus pins it).
+PROMETHEUS = "v3.16.0"
 # The Knative Serving releases the cluster can install: current (the
 # default) and classic.
 SERVINGS = ("v0.50.0", "v0.42.2")
@@ -96,13 +98,14 @@ class Builder:
                     digest.update(name.encode() + b"\0" + f.read())
         return digest.hexdigest()
 
-    def go_build(self, what, module, packages, out, ldflags=""):
+    def go_build(self, what, module, packages, out, ldflags="", tags=""):
         """Builds `packages` of the module folder `module` (under cluster/)
-        into `out` (a file for one package, a folder for several), unless
-        the stamp of that module says it is already there."""
+        into `out` (a file for one package, a folder for several), with the
+        build tags `tags` (comma-separated), unless the stamp of that module
+        says it is already there."""
         folder = self.module(module)
         stamp_file = out.rstrip("/") + ".stamp"
-        stamp = self.stamp(folder, " ".join(packages) + ldflags + self.go_version())
+        stamp = self.stamp(folder, " ".join(packages) + ldflags + tags + self.go_version())
         if os.path.exists(out) and os.path.exists(stamp_file):
             with open(stamp_file) as f:
                 if f.read() == stamp:
@@ -112,7 +115,10 @@ class Builder:
         # The module's go.sum decides every version: -mod=readonly, Go's
         # default, fails rather than changing it.
         env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
-        args = ["go", "build", "-trimpath", "-ldflags", ("-s -w " + ldflags).strip(), "-o", out] + packages
+        args = ["go", "build", "-trimpath", "-ldflags", ("-s -w " + ldflags).strip(), "-o", out]
+        if tags:
+            args += ["-tags", tags]
+        args += packages
         run(args, log=self.log, env=env, cwd=folder)
         with open(stamp_file, "w") as f:
             f.write(stamp)
@@ -171,6 +177,14 @@ class Builder:
             ["github.com/traefik/traefik/v3/cmd/traefik"],
             os.path.join(self.bin, "traefik"),
             ldflags=f"-X github.com/traefik/traefik/v3/pkg/version.Version={TRAEFIK}",
+        )
+        self.go_build(
+            f"Prometheus {PROMETHEUS} (its Kubernetes service discovery alone)",
+            "prometheus",
+            ["github.com/prometheus/prometheus/cmd/prometheus"],
+            os.path.join(self.bin, "prometheus"),
+            ldflags=f"-X github.com/prometheus/common/version.Version={PROMETHEUS.lstrip('v')}",
+            tags="remove_all_sd,enable_kubernetes_sd",
         )
         self.go_build(
             f"Knative Serving {serving} and its test images",
@@ -261,6 +275,7 @@ class Builder:
         images = [
             self.image("pause", PAUSE, os.path.join(self.bin, "pause"), "/pause", user="65535"),
             self.image("traefik", TRAEFIK, os.path.join(self.bin, "traefik"), "/traefik"),
+            self.image("prometheus", PROMETHEUS, os.path.join(self.bin, "prometheus"), "/prometheus"),
         ]
         folder = os.path.join(self.bin, f"serving-{serving}")
         for name in sorted(os.listdir(folder)):

@@ -7,7 +7,8 @@ the package registries, where qproxy is the queue-proxy of real pods.
       etcd, the control plane, containerd, the kubelet, kube-proxy and
       CoreDNS in the network namespace qproxy-cluster (no route out of it),
       installs Knative Serving (current v0.50.0 by default, or classic
-      v0.42.2) and Traefik, with qproxy as queue-sidecar-image, and returns
+      v0.42.2), Traefik and Prometheus (scraping every revision's
+      queue-proxy), with qproxy as queue-sidecar-image, and returns
       when Knative is ready. Its last line is KUBECONFIG=<path>. Run again,
       it keeps a cluster that is up and applies what changed; it first
       removes what a killed earlier run left.
@@ -161,6 +162,7 @@ def up(args):
     node.start_kubelet()
 
     kn.install_ingress()
+    kn.install_prometheus()
     # A cluster kept from an earlier `up` keeps Knative's own queue-proxy if
     # it was switched to it; otherwise qproxy, as built now.
     current = kn.current_image() if keep else None
@@ -176,6 +178,7 @@ def up(args):
         kubectl=node.kube("kubectl"),
         ingress=f"{knative.INGRESS_IP}:80",
         ingress_local=f"{knative.INGRESS_LOCAL_IP}:80",
+        prometheus=f"{knative.PROMETHEUS_IP}:9090",
     )
     kn.wait_ready()
     say(f"ready in {time.monotonic() - started:.0f} s: Knative Serving {serving}, queue-proxy {kn.current_image()}")
@@ -191,7 +194,7 @@ def build_only(args):
     builder.cluster_images(args.serving)
     say(
         f"built: Kubernetes {build.KUBERNETES}, containerd {build.CONTAINERD}, Traefik {build.TRAEFIK}, "
-        f"Knative Serving {args.serving}"
+        f"Prometheus {build.PROMETHEUS}, Knative Serving {args.serving}"
     )
 
 

@@ -1,7 +1,8 @@
 """Knative Serving and its ingress on the node: the release's own YAML,
 assembled from the serving module's config/ as Knative's release script
 assembles it, with the locally built images; Traefik with its Knative and
-Gateway API providers; and the queue-proxy image switch."""
+Gateway API providers; Prometheus, scraping every revision's queue-proxy;
+and the queue-proxy image switch."""
 
 import glob
 import json
@@ -12,7 +13,7 @@ import time
 from .. import ROOT
 from ..commands import PhaseError, wait_until
 from ..progress import Progress
-from .build import TRAEFIK
+from .build import PROMETHEUS, TRAEFIK
 
 say = Progress("cluster")
 
@@ -24,6 +25,10 @@ DOMAIN = "example.com"
 # tests (--ingressendpoint) can be told them.
 INGRESS_IP = "10.96.0.80"
 INGRESS_LOCAL_IP = "10.96.0.81"
+# Prometheus' Service, fixed as well, for the dashboard's tests.
+PROMETHEUS_IP = "10.96.0.90"
+# How often Prometheus scrapes each queue-proxy.
+SCRAPE_INTERVAL = "5s"
 
 # Files of the serving repository that are symlinks into vendor/ and so are
 # missing from its module zip: (module, path in it).
@@ -71,8 +76,9 @@ class Knative:
         """serving-crds.yaml and serving-core.yaml as a release has them
         (Knative's own queue-proxy in config-deployment), with ko.local
         images and the cluster's settings: the ingress class, the domain,
-        and (current Knative) its components' metrics in Prometheus form, as
-        classic Knative has them by default. Returns their paths."""
+        and (current Knative) its components' and queue-proxies' request
+        metrics in Prometheus form, as classic Knative has them by default.
+        Returns their paths."""
         src = self.src
         core = os.path.join(src["knative.dev/serving"], "config", "core")
 
@@ -102,7 +108,10 @@ class Knative:
             "configmaps/domain.yaml": {DOMAIN: ""},
         }
         if self.serving != "v0.42.2":
-            settings["configmaps/observability.yaml"] = {"metrics-protocol": "prometheus"}
+            settings["configmaps/observability.yaml"] = {
+                "metrics-protocol": "prometheus",
+                "request-metrics-protocol": "prometheus",
+            }
         docs = []
         for rel in files:
             text = images(read(rel))
@@ -189,10 +198,25 @@ class Knative:
             f.write(text)
         self.kubectl("apply", "-f", path)
 
+    def install_prometheus(self):
+        say(f"installing Prometheus {PROMETHEUS} (scraping every revision's queue-proxy)")
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(ROOT, "cluster", "manifests", "prometheus.yaml")) as f:
+            text = f.read()
+        text = (
+            text.replace("${PROMETHEUS_IMAGE}", f"ko.local/prometheus:{PROMETHEUS}")
+            .replace("${PROMETHEUS_IP}", PROMETHEUS_IP)
+            .replace("${SCRAPE_INTERVAL}", SCRAPE_INTERVAL)
+        )
+        path = os.path.join(self.out, "prometheus.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        self.kubectl("apply", "-f", path)
+
     def wait_ready(self, timeout=900):
-        say("waiting for Knative and Traefik to be ready")
+        say("waiting for Knative, Traefik and Prometheus to be ready")
         deadline = time.monotonic() + timeout
-        for namespace in ("knative-serving", "traefik"):
+        for namespace in ("knative-serving", "traefik", "monitoring"):
             wait_until(
                 f"the Deployments of {namespace} available",
                 lambda namespace=namespace: self.kubectl.ok(

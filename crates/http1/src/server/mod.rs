@@ -340,18 +340,16 @@ where
     }
     let mut watched = watch.armed;
     let written = poll_fn(|cx| {
+        // The client is watched while the body waits, not before what the
+        // body has ready: a body that ends in the wake-up that finds the
+        // client gone has ended whole, as in Go, whose server takes the
+        // body's last bytes into its buffer before any write can fail.
         // Once the client's socket has been polled and had nothing, its
-        // hang-up wakes the task: each wake-up polls it until then, not
-        // before every frame. The exchange that has just ended may have
-        // done so in this wake-up already.
+        // hang-up wakes the task: each wake-up polls it until then, not at
+        // every wait. The exchange that has just ended may have done so in
+        // this wake-up already.
         let mut armed = std::mem::take(&mut watched);
         loop {
-            if !armed {
-                if watch.poll_gone(io, pending, cx).is_ready() {
-                    return Poll::Ready(Err(()));
-                }
-                armed = watch.armed;
-            }
             let Some(mut polled) = body.as_mut().as_pin_mut() else {
                 ready!(out.poll_write(io, cx)).map_err(|_| ())?;
                 return Pin::new(&mut *io).poll_flush(cx).map_err(|_| ());
@@ -368,6 +366,12 @@ where
                     return Poll::Ready(Err(()));
                 }
                 Poll::Pending => {
+                    if !armed {
+                        if watch.poll_gone(io, pending, cx).is_ready() {
+                            return Poll::Ready(Err(()));
+                        }
+                        armed = watch.armed;
+                    }
                     ready!(out.poll_write(io, cx)).map_err(|_| ())?;
                     ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(|_| ())?;
                     return Poll::Pending;
