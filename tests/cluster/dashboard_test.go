@@ -109,7 +109,18 @@ var promClient = &http.Client{Timeout: 30 * time.Second}
 // samples (one for an instant query).
 type promSeries struct {
 	Metric map[string]string `json:"metric"`
-	Values [][2]float64      `json:"values"`
+	Values []sample          `json:"values"`
+}
+
+// sample is a time and a value; written as JSON with a value that is not a
+// number (a quantile of no requests) as null.
+type sample [2]float64
+
+func (s sample) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(s[1]) || math.IsInf(s[1], 0) {
+		return json.Marshal([]any{s[0], nil})
+	}
+	return json.Marshal([]any{s[0], s[1]})
 }
 
 // query asks the cluster's Prometheus: an instant query at `at`, or a
@@ -154,17 +165,17 @@ func query(expr string, start, at float64, step time.Duration) ([]promSeries, er
 			samples = [][]any{r.Value}
 		}
 		s := promSeries{Metric: r.Metric}
-		for _, sample := range samples {
-			if len(sample) != 2 {
-				return nil, fmt.Errorf("%s: a sample of %d fields", path, len(sample))
+		for _, got := range samples {
+			if len(got) != 2 {
+				return nil, fmt.Errorf("%s: a sample of %d fields", path, len(got))
 			}
-			t, _ := sample[0].(float64)
-			text, _ := sample[1].(string)
+			t, _ := got[0].(float64)
+			text, _ := got[1].(string)
 			v, err := strconv.ParseFloat(text, 64)
 			if err != nil {
 				return nil, fmt.Errorf("%s: sample %q: %v", path, text, err)
 			}
-			s.Values = append(s.Values, [2]float64{t, v})
+			s.Values = append(s.Values, sample{t, v})
 		}
 		out = append(out, s)
 	}

@@ -156,3 +156,8 @@ def test_qproxys_series_from_knatives_queue_proxy_fail():
     lines, ok = results.compare(go, qp)
     assert not ok
     assert any("served by Knative's queue-proxy" in line for line in lines)
+
+
+def test_a_quantile_of_no_requests_is_no_figure():
+    rec = record("go", {RPS: [{"metric": {"code": "200"}, "values": [[125, None], [130, 6]]}]})
+    assert results.figures(rec) == {("queue", RPS[0], "200"): 6.0}

@@ -46,6 +46,12 @@ def name(legend, metric):
     return re.sub(r"\{\{(\w+)\}\}", lambda m: metric.get(m.group(1), ""), legend)
 
 
+def number(v):
+    """Whether a sample's value is a number: the test writes a quantile of
+    no requests (NaN) as null."""
+    return v is not None and not math.isnan(v) and not math.isinf(v)
+
+
 def rate_window(record):
     return float(record["rate_interval"].rstrip("s"))
 
@@ -62,7 +68,7 @@ def figures(record):
                     values = [v for _, v in series["values"]]
                 else:
                     values = [v for t, v in series["values"] if start <= t <= end]
-                values = [v for v in values if not math.isnan(v) and not math.isinf(v)]
+                values = [v for v in values if number(v)]
                 if not values:
                     continue
                 figure = values[-1] if r["kind"] == "stat" else sum(values) / len(values)
@@ -177,7 +183,7 @@ def draw_series(ax, records, role, panel, colours):
             if r["panel"] != panel.title:
                 continue
             for series in r["series"] or []:
-                points = [(t - zero, v) for t, v in series["values"] if not math.isnan(v)]
+                points = [(t - zero, v) for t, v in series["values"] if number(v)]
                 if not points:
                     continue
                 series_name = name(r["legend"], series["metric"])
