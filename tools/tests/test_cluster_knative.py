@@ -166,3 +166,16 @@ def test_prometheus_is_applied_with_every_placeholder_filled(tmp_path):
     # The queue-proxy's request-metrics port, by its name, of a revision's pod.
     assert "regex: .+;http-usermetric" in text
     assert f"scrape_interval: {knative.SCRAPE_INTERVAL}" in text
+
+
+def test_traefik_is_applied_with_every_placeholder_filled(tmp_path):
+    kn = knative_in(tmp_path)
+    applied = []
+    kn.kubectl = lambda *args: applied.append(args)
+    kn.src = {"sigs.k8s.io/gateway-api": str(tmp_path / "no-crds")}
+    kn.install_ingress()
+    path = applied[-1][-1]
+    with open(path) as f:
+        text = f.read()
+    assert "${" not in text
+    assert f"clusterIP: {knative.INGRESS_IP}" in text and f"clusterIP: {knative.INGRESS_LOCAL_IP}" in text

@@ -181,34 +181,39 @@ class Knative:
 
     def install_ingress(self):
         say(f"installing Traefik {TRAEFIK} (Knative and Gateway API providers)")
-        os.makedirs(self.out, exist_ok=True)
         gateway = self.src["sigs.k8s.io/gateway-api"]
         for crd in sorted(glob.glob(os.path.join(gateway, "config", "crd", "standard", "*.yaml"))):
             self.kubectl("apply", "-f", crd)
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
-        with open(os.path.join(ROOT, "cluster", "manifests", "traefik.yaml")) as f:
-            text = f.read()
-        text = (
-            text.replace("${TRAEFIK_IMAGE}", f"ko.local/traefik:{TRAEFIK}")
-            .replace("${INGRESS_IP}", INGRESS_IP)
-            .replace("${INGRESS_LOCAL_IP}", INGRESS_LOCAL_IP)
+        self.apply_manifest(
+            "traefik.yaml",
+            {
+                "TRAEFIK_IMAGE": f"ko.local/traefik:{TRAEFIK}",
+                "INGRESS_IP": INGRESS_IP,
+                "INGRESS_LOCAL_IP": INGRESS_LOCAL_IP,
+            },
         )
-        path = os.path.join(self.out, "traefik.yaml")
-        with open(path, "w") as f:
-            f.write(text)
-        self.kubectl("apply", "-f", path)
 
     def install_prometheus(self):
         say(f"installing Prometheus {PROMETHEUS} (scraping every revision's queue-proxy)")
-        os.makedirs(self.out, exist_ok=True)
-        with open(os.path.join(ROOT, "cluster", "manifests", "prometheus.yaml")) as f:
-            text = f.read()
-        text = (
-            text.replace("${PROMETHEUS_IMAGE}", f"ko.local/prometheus:{PROMETHEUS}")
-            .replace("${PROMETHEUS_IP}", PROMETHEUS_IP)
-            .replace("${SCRAPE_INTERVAL}", SCRAPE_INTERVAL)
+        self.apply_manifest(
+            "prometheus.yaml",
+            {
+                "PROMETHEUS_IMAGE": f"ko.local/prometheus:{PROMETHEUS}",
+                "PROMETHEUS_IP": PROMETHEUS_IP,
+                "SCRAPE_INTERVAL": SCRAPE_INTERVAL,
+            },
         )
-        path = os.path.join(self.out, "prometheus.yaml")
+
+    def apply_manifest(self, name, values):
+        """Applies cluster/manifests/<name> with each ${KEY} in it replaced
+        by values[KEY], written first under the release's output."""
+        with open(os.path.join(ROOT, "cluster", "manifests", name)) as f:
+            text = f.read()
+        for key, value in values.items():
+            text = text.replace("${" + key + "}", value)
+        os.makedirs(self.out, exist_ok=True)
+        path = os.path.join(self.out, name)
         with open(path, "w") as f:
             f.write(text)
         self.kubectl("apply", "-f", path)
