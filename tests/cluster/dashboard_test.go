@@ -227,17 +227,15 @@ func minOf(vs []float64) float64 {
 type check func(results map[string]panelResult, l *openLoad) error
 
 // within fails when a value of the panel's `ref` is out of [lo, hi].
-func within(ref string, lo, hi float64) func(map[string]panelResult) error {
-	return func(rs map[string]panelResult) error {
-		vs := rs[ref].values()
-		if len(vs) == 0 {
-			return nil
-		}
-		if mn, mx := minOf(vs), maxOf(vs); mn < lo || mx > hi {
-			return fmt.Errorf("%s: values from %.4g to %.4g, outside [%.4g, %.4g]", ref, mn, mx, lo, hi)
-		}
+func within(rs map[string]panelResult, ref string, lo, hi float64) error {
+	vs := rs[ref].values()
+	if len(vs) == 0 {
 		return nil
 	}
+	if mn, mx := minOf(vs), maxOf(vs); mn < lo || mx > hi {
+		return fmt.Errorf("%s: values from %.4g to %.4g, outside [%.4g, %.4g]", ref, mn, mx, lo, hi)
+	}
+	return nil
 }
 
 // reaches fails when no value of `ref` is at least lo.
@@ -266,7 +264,7 @@ func countBound(n float64) float64 { return 1.25*n + 10 }
 // check without a panel fails too.
 var checks = map[string]check{
 	"Requests per second, by status code": func(rs map[string]panelResult, l *openLoad) error {
-		return within("A", 0, 2*l.perSecond("")+2)(rs)
+		return within(rs, "A", 0, 2*l.perSecond("")+2)
 	},
 	"Requests in the range, by status code": func(rs map[string]panelResult, l *openLoad) error {
 		total := 0.0
@@ -284,11 +282,11 @@ var checks = map[string]check{
 	},
 	"Latency through the queue-proxy": func(rs map[string]panelResult, l *openLoad) error {
 		hi := 2*l.Slowest + 1
-		return all(within("A", 0, hi)(rs), within("B", 0, hi)(rs), within("C", 0, hi)(rs), reaches(rs, "C", l.Sleep/2))
+		return all(within(rs, "A", 0, hi), within(rs, "B", 0, hi), within(rs, "C", 0, hi), reaches(rs, "C", l.Sleep/2))
 	},
 	"Latency of the app": func(rs map[string]panelResult, l *openLoad) error {
 		// Every request the app answers sleeps l.Sleep.
-		return all(within("A", l.Sleep/2, 2*l.Slowest+1)(rs), within("B", l.Sleep/2, 2*l.Slowest+1)(rs))
+		return all(within(rs, "A", l.Sleep/2, 2*l.Slowest+1), within(rs, "B", l.Sleep/2, 2*l.Slowest+1))
 	},
 	"Concurrency as the autoscaler sees it": func(rs map[string]panelResult, l *openLoad) error {
 		// Never more in the queue-proxy than its slots and queue (ten a
@@ -297,39 +295,39 @@ var checks = map[string]check{
 		if l.CC > 0 {
 			most = math.Min(most, float64(11*l.CC))
 		}
-		return all(within("A", 0, most+1)(rs), reaches(rs, "A", 0.5), within("B", 0, 0)(rs))
+		return all(within(rs, "A", 0, most+1), reaches(rs, "A", 0.5), within(rs, "B", 0, 0))
 	},
 	"Requests per second as the autoscaler sees it": func(rs map[string]panelResult, l *openLoad) error {
-		return all(within("A", 0, 2*l.perSecond("")+2)(rs), reaches(rs, "A", l.perSecond("")/2), within("B", 0, 0)(rs))
+		return all(within(rs, "A", 0, 2*l.perSecond("")+2), reaches(rs, "A", l.perSecond("")/2), within(rs, "B", 0, 0))
 	},
 	"Requests in the queue-proxy (queue depth)": func(rs map[string]panelResult, l *openLoad) error {
 		if l.CC == 0 {
-			return within("A", 0, l.perSecond("")*l.Slowest+1)(rs)
+			return within(rs, "A", 0, l.perSecond("")*l.Slowest+1)
 		}
-		return all(within("A", 0, float64(11*l.CC))(rs), reaches(rs, "A", 2))
+		return all(within(rs, "A", 0, float64(11*l.CC)), reaches(rs, "A", 2))
 	},
 	"Time in the queue": func(rs map[string]panelResult, l *openLoad) error {
 		hi := l.Slowest + 1
 		if l.CC == 0 {
-			return all(within("A", 0, hi)(rs), within("B", 0, hi)(rs), within("C", 0, hi)(rs))
+			return all(within(rs, "A", 0, hi), within(rs, "B", 0, hi), within(rs, "C", 0, hi))
 		}
-		return all(within("A", 0, hi)(rs), within("B", 0, hi)(rs), within("C", 0, hi)(rs), reaches(rs, "B", l.Sleep/2))
+		return all(within(rs, "A", 0, hi), within(rs, "B", 0, hi), within(rs, "C", 0, hi), reaches(rs, "B", l.Sleep/2))
 	},
 	"503s from a full queue, per second": func(rs map[string]panelResult, l *openLoad) error {
 		hi := 2*l.perSecond("503") + 2
 		if l.Status["503"] == 0 {
-			return within("A", 0, 0)(rs)
+			return within(rs, "A", 0, 0)
 		}
-		return all(within("A", 0, hi)(rs), reaches(rs, "A", l.perSecond("503")/2))
+		return all(within(rs, "A", 0, hi), reaches(rs, "A", l.perSecond("503")/2))
 	},
 	"Start-up: the app's readiness and its first request": func(rs map[string]panelResult, l *openLoad) error {
-		return all(within("A", 0, 600)(rs), within("B", 0, 600)(rs))
+		return all(within(rs, "A", 0, 600), within(rs, "B", 0, 600))
 	},
 	"Adaptive concurrency limit": func(rs map[string]panelResult, l *openLoad) error {
-		return within("A", 1, 1000)(rs)
+		return within(rs, "A", 1, 1000)
 	},
 	"The app's unloaded latency (adaptive concurrency)": func(rs map[string]panelResult, l *openLoad) error {
-		return within("A", l.Sleep/2, l.Slowest+1)(rs)
+		return within(rs, "A", l.Sleep/2, l.Slowest+1)
 	},
 }
 

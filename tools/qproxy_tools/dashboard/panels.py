@@ -228,14 +228,7 @@ ROWS = [
                 "How long requests waited for a slot (zero when one was free); requests refused with a 503 "
                 "are not counted.",
                 "s",
-                [
-                    Target(
-                        f"histogram_quantile({q}, sum by (le) "
-                        f"(rate({select('qproxy_queue_wait_seconds_bucket')}[{WINDOW}])))",
-                        f"p{round(q * 100)}",
-                    )
-                    for q in (0.5, 0.99)
-                ]
+                [Target(quantile(q, "qproxy_queue_wait_seconds_bucket"), f"p{round(q * 100)}") for q in (0.5, 0.99)]
                 + [
                     Target(
                         f"sum(rate({select('qproxy_queue_wait_seconds_sum')}[{WINDOW}])) / "

@@ -77,11 +77,13 @@ def figures(record):
     return out
 
 
-def units():
-    """{panel title: unit} from the dashboard's panels."""
+def panel_facts():
+    """{panel title: unit} and {panel title: source}, in the dashboard's
+    order."""
     from . import panels
 
-    return {p.title: p.unit for p in panels.panels()}, {p.title: p.source for p in panels.panels()}
+    every = panels.panels()
+    return {p.title: p.unit for p in every}, {p.title: p.source for p in every}
 
 
 def agree(a, b, unit):
@@ -90,7 +92,7 @@ def agree(a, b, unit):
 
 def compare(go, qproxy):
     """The table's lines and whether every Knative panel agrees."""
-    unit_of, source_of = units()
+    unit_of, source_of = panel_facts()
     fg, fq = figures(go), figures(qproxy)
     lines = [
         "| revision | panel | series | Knative's queue-proxy | qproxy | |",
@@ -141,8 +143,7 @@ def draw(records, out):
 
     plt = plotting.pyplot()
     colours = {"qproxy": plotting.QPROXY_COLOURS, "go": plotting.OTHER_COLOURS}
-    rows = [r for r in dashboard.ROWS]
-    cells = [(role, p) for role in ROLES for row in rows for p in row.panels if shown(records, role, p.title)]
+    cells = [(role, p) for role in ROLES for row in dashboard.ROWS for p in row.panels if shown(records, role, p.title)]
     cols = 3
     lines_of = (len(cells) + cols - 1) // cols
     fig, axes = plt.subplots(lines_of, cols, figsize=(cols * 5.2, lines_of * 3.1), squeeze=False)
