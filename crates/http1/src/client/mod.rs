@@ -170,10 +170,12 @@ where
 }
 
 impl<B> Outgoing<B> {
-    /// Nothing of it has been written: it can be sent on another
-    /// connection, whatever its method, its body untouched.
+    /// Nothing of it has been written and its body has not failed: it can
+    /// be sent on another connection, whatever its method, its body
+    /// untouched. A request whose body failed is never sent again, however
+    /// little of it went out: the client did not send it whole.
     pub fn is_unsent(&self) -> bool {
-        !self.written
+        !self.written && !self.stream.as_ref().is_some_and(|u| u.has_failed())
     }
 
     /// Whether some of an answer came back on the last connection it was

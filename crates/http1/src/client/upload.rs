@@ -42,6 +42,9 @@ pub enum UploadError {
     /// The client's body did not match its `Content-Length`.
     #[error("the client's request body does not match its Content-Length")]
     Length,
+    /// The client's body failed before, and is polled again.
+    #[error("the client's request body failed earlier")]
+    Failed,
     /// The connection to the app failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -60,6 +63,11 @@ pub struct Upload<B> {
     head_held: bool,
     /// The body's end has been framed into `out`.
     ended: bool,
+    /// The client's body failed: its end is never framed, and every later
+    /// poll fails again, so that nothing sends this request as if it had
+    /// ended (a body that failed may answer `None` when polled again, as
+    /// hyper's does once its error has been taken).
+    failed: bool,
 }
 
 /// The bytes to write next, as up to four slices.
@@ -132,6 +140,14 @@ impl Out {
     }
 }
 
+impl<B> Upload<B> {
+    /// Whether the client's body has failed: the request can never be
+    /// written whole, on this connection or another.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed
+    }
+}
+
 impl<B> Upload<B>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -148,6 +164,7 @@ where
             },
             head_held: true,
             ended: false,
+            failed: false,
         }
     }
 
@@ -166,6 +183,9 @@ where
         written: &mut bool,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), UploadError>> {
+        if self.failed {
+            return Poll::Ready(Err(UploadError::Failed));
+        }
         loop {
             if !self.head_held && !self.out.is_empty() {
                 let slices = [
@@ -187,19 +207,31 @@ where
             }
             let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
             self.head_held = false;
-            match frame {
+            let framed = match frame {
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => self.data(data)?,
-                    Err(frame) => {
-                        if let Ok(trailers) = frame.into_trailers() {
-                            self.end(Some(&trailers))?;
-                        }
-                    }
+                    Ok(data) => self.data(data),
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => self.end(Some(&trailers)),
+                        Err(_) => Ok(()),
+                    },
                 },
-                None => self.end(None)?,
-                Some(Err(e)) => return Poll::Ready(Err(UploadError::Body(e.into()))),
+                None => self.end(None),
+                Some(Err(e)) => Err(UploadError::Body(e.into())),
+            };
+            if let Err(e) = framed {
+                self.fail();
+                return Poll::Ready(Err(e));
             }
         }
+    }
+
+    /// The client's body failed (or broke its length): nothing more of it
+    /// is written, not even what is framed already, so that the app never
+    /// sees its end.
+    fn fail(&mut self) {
+        self.failed = true;
+        self.ended = false;
+        self.out = Out::default();
     }
 
     /// Frames a data frame of the client's body.
@@ -294,6 +326,58 @@ mod tests {
         ] {
             assert_eq!(ChunkSize::of(n).rest(), line.as_bytes(), "{n}");
         }
+    }
+
+    /// A client's body that fails, then (polled again) says it has ended,
+    /// as hyper's does once its error has been taken.
+    #[derive(Debug)]
+    struct FailsThenEnds(u8);
+
+    impl Body for FailsThenEnds {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+            self.0 += 1;
+            Poll::Ready(match self.0 {
+                1 => Some(Ok(http_body::Frame::data(Bytes::from_static(b"hello")))),
+                2 => Some(Err("invalid chunk size".into())),
+                _ => None,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_failed_is_never_framed_as_ended() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut tcp = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut app, _) = listener.accept().await.unwrap();
+        let head = Bytes::from_static(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        let mut upload = Upload::new(head, FailsThenEnds(0), Framing::Chunked(None));
+        let mut written = false;
+        let first = std::future::poll_fn(|cx| upload.poll_write(&mut tcp, &mut written, cx)).await;
+        assert!(matches!(first, Err(UploadError::Body(_))), "{first:?}");
+        assert!(upload.has_failed());
+        for _ in 0..2 {
+            let again =
+                std::future::poll_fn(|cx| upload.poll_write(&mut tcp, &mut written, cx)).await;
+            assert!(matches!(again, Err(UploadError::Failed)), "{again:?}");
+        }
+        drop(tcp);
+        let mut seen = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut app, &mut seen)
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(seen).unwrap(),
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+            "the chunk before the failure, and no last chunk"
+        );
     }
 
     #[test]

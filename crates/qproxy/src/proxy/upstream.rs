@@ -207,9 +207,9 @@ impl Upstream {
             ExchangeError::Closed => UpstreamError::Closed,
             ExchangeError::Malformed(_) => UpstreamError::Protocol(err.to_string()),
             // The client's body broke off: the client's doing.
-            ExchangeError::Upload(UploadError::Body(_) | UploadError::Length) => {
-                UpstreamError::ClientGone
-            }
+            ExchangeError::Upload(
+                UploadError::Body(_) | UploadError::Length | UploadError::Failed,
+            ) => UpstreamError::ClientGone,
             ExchangeError::Upload(UploadError::Io(source)) => UpstreamError::Io {
                 local: Some(conn.local()),
                 remote: self.addr,

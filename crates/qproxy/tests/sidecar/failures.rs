@@ -402,3 +402,68 @@ fn port_in_use_is_a_clear_startup_error() {
     );
     assert!(error.contains("in use"), "{error}");
 }
+
+/// An app that records every byte each connection brings, answers a `GET`
+/// at once and a chunked request once its last chunk has come.
+async fn recording_app() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+    use std::sync::{Arc, Mutex};
+    let conns = Arc::new(Mutex::new(Vec::new()));
+    let log = conns.clone();
+    let port = raw_app(move |mut s| {
+        let log = log.clone();
+        async move {
+            let at = {
+                let mut conns = log.lock().unwrap();
+                conns.push(Vec::new());
+                conns.len() - 1
+            };
+            let mut pending = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = s.read(&mut buf).await {
+                log.lock().unwrap()[at].extend_from_slice(&buf[..n]);
+                pending.extend_from_slice(&buf[..n]);
+                let whole = pending.starts_with(b"GET ") && pending.ends_with(b"\r\n\r\n")
+                    || pending.ends_with(b"\r\n0\r\n\r\n");
+                if whole {
+                    pending.clear();
+                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    (port, conns)
+}
+
+/// A chunked request whose framing breaks before any of its data, sent
+/// when a connection to the app waits in the pool: the app sees its head
+/// at most, never a body's end, and the client gets Go's `502`, not the
+/// app's answer to an empty body it was never sent. (The first write of
+/// such a request fails with nothing written; a request whose body failed
+/// must not go on to another connection as if unsent.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broken_chunked_body_never_reaches_a_pooled_connection_as_ended() {
+    let (port, conns) = recording_app().await;
+    let qp = QProxy::start(port, &[]);
+    for size in ["zz", "ffffffffffffffffffff"] {
+        // A request served first leaves its connection in the pool.
+        let res = h1(qp.main, get("/warm", &[])).await;
+        assert_eq!(text(res).await, "ok");
+        let before = conns.lock().unwrap().iter().map(Vec::len).sum::<usize>();
+        let request = format!(
+            "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{size}\r\nhello\r\n0\r\n\r\n"
+        );
+        let answer = raw_exchange(qp.main, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 502 "), "{size}: {answer}");
+        let seen = conns.lock().unwrap().concat();
+        let after = String::from_utf8_lossy(&seen[before..]).into_owned();
+        assert!(
+            !after.contains("\r\n0\r\n\r\n"),
+            "{size}: the app saw a body's end: {after:?}"
+        );
+    }
+    assert!(qp_alive(&qp).await);
+}
