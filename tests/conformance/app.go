@@ -132,7 +132,7 @@ func (a *App) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
-	if r.URL.Path != "/__ping" {
+	if r.URL.Path != "/__ping" && r.URL.Path != warmPath {
 		a.mu.Lock()
 		a.seen = append(a.seen, Seen{
 			Method: r.Method, Target: r.RequestURI, Proto: r.Proto, Host: r.Host,

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -163,11 +162,13 @@ func rawRequest(r *Request) []byte {
 	return b.Bytes()
 }
 
-// do runs one request and returns its fields.
-func do(r *Request) exchange {
+// do runs one request and returns its fields; in a warm play on a
+// connection that served a request first (warm).
+func do(r *Request, warm bool) exchange {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		e := doOnce(r)
+		e := exchange{}
+		e = doOn(r, open(r, warm, e), e)
 		if r.Until == 0 || e["status"] == strconv.Itoa(r.Until) || time.Now().After(deadline) {
 			return e
 		}
@@ -175,16 +176,22 @@ func do(r *Request) exchange {
 	}
 }
 
-func doOnce(r *Request) exchange {
+// doOn runs r on conn (nil when it failed to open, the failure in e).
+func doOn(r *Request, conn *clientConn, e exchange) exchange {
+	if conn == nil {
+		return e
+	}
+	defer conn.Close()
 	switch r.Proto {
 	case "", "h1":
-		return doH1(r)
+		return doH1(r, conn, e)
 	case "h2", "h2c":
-		return doH2(r)
+		return doH2(r, conn, e)
 	case "raw":
-		return doRaw(r)
+		return doRaw(r, conn, e)
 	}
-	return exchange{"error": "unknown proto " + r.Proto}
+	e["error"] = "unknown proto " + r.Proto
+	return e
 }
 
 // errTLS is the error of a connection whose TLS handshake failed, which
@@ -205,32 +212,109 @@ func dial(r *Request, e exchange) (net.Conn, error) {
 	return tc, nil
 }
 
-// send opens a connection for r, with deadline for all of its I/O, and
-// writes request on it. A connection that fails to open is nil, with the
-// failure in e.
-func send(r *Request, request []byte, deadline time.Duration, e exchange) net.Conn {
-	conn, err := dial(r, e)
-	if err != nil {
-		if err != errTLS {
-			e["conn"] = errClass(err)
-		}
-		return nil
-	}
-	conn.SetDeadline(time.Now().Add(deadline))
-	if _, err := conn.Write(request); err != nil {
-		e["write"] = errClass(err)
-	}
-	return conn
+// clientConn is the connection a request goes on, and for HTTP/2 the
+// client connection over it.
+type clientConn struct {
+	net.Conn
+	h2 *http2.ClientConn
 }
 
-func doH1(r *Request) exchange {
-	e := exchange{}
-	start := time.Now()
-	conn := send(r, rawRequest(r), 20*time.Second, e)
-	if conn == nil {
-		return e
+// reachesApp says whether requests on r's port go to the app.
+func reachesApp(r *Request) bool {
+	return r.Port == "" || r.Port == "main" || r.Port == "tls"
+}
+
+// warmPath is the request a warm play sends first on each connection that
+// reaches the app; the app answers it and does not record it.
+const warmPath = "/__warm"
+
+// open opens a connection for r, with a deadline for its I/O. In a warm
+// play (warm), a request to the app goes on a connection that has served
+// one already, so that the proxy's connection to the app is pooled too:
+// an HTTP/1.1 GET of warmPath, or an HTTP/2 stream; its outcome is the
+// field warmup. If the proxy closes the connection after it, the request
+// goes on a new one (the proxy's pool still warm), and warmup says so. A
+// connection that fails to open is nil, with the failure in e.
+func open(r *Request, warm bool, e exchange) *clientConn {
+	warm = warm && reachesApp(r)
+	for try := 0; ; try++ {
+		conn, err := dial(r, e)
+		if err != nil {
+			if err != errTLS {
+				e["conn"] = errClass(err)
+			}
+			return nil
+		}
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		c := &clientConn{Conn: conn}
+		if r.Proto == "h2" || r.Proto == "h2c" {
+			tr := &http2.Transport{AllowHTTP: true}
+			if c.h2, err = tr.NewClientConn(conn); err != nil {
+				e["conn"] = errClass(err)
+				conn.Close()
+				return nil
+			}
+		}
+		if !warm || try > 0 {
+			return c
+		}
+		if c.warmUp(r, e) {
+			return c
+		}
+		c.Close()
 	}
-	defer conn.Close()
+}
+
+// warmUp sends warmPath on c and reads its answer; false when c cannot
+// serve another request.
+func (c *clientConn) warmUp(r *Request, e exchange) bool {
+	if c.h2 != nil {
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s://127.0.0.1:%d%s", scheme, ports[r.Port], warmPath), nil)
+		req.Host = "example.com"
+		res, err := c.h2.RoundTrip(req)
+		if err != nil {
+			e["warmup"] = errClass(err)
+			return c.h2.CanTakeNewRequest()
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		e["warmup"] = strconv.Itoa(res.StatusCode)
+		return c.h2.CanTakeNewRequest()
+	}
+	if _, err := c.Write([]byte("GET " + warmPath + " HTTP/1.1\r\nHost: example.com\r\n\r\n")); err != nil {
+		e["warmup"] = errClass(err)
+		return false
+	}
+	br := bufio.NewReader(c)
+	res, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil {
+		e["warmup"] = errClass(err)
+		return false
+	}
+	_, err = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	e["warmup"] = strconv.Itoa(res.StatusCode)
+	if err != nil || res.Close || br.Buffered() > 0 {
+		e["warmup"] += " (connection closed after it)"
+		return false
+	}
+	return true
+}
+
+// write writes request on c, noting a failure in e.
+func (c *clientConn) write(request []byte, e exchange) {
+	if _, err := c.Write(request); err != nil {
+		e["write"] = errClass(err)
+	}
+}
+
+func doH1(r *Request, conn *clientConn, e exchange) exchange {
+	start := time.Now()
+	conn.write(rawRequest(r), e)
 	br := bufio.NewReader(conn)
 	method, _ := r.line()
 	res, err := http.ReadResponse(br, &http.Request{Method: method})
@@ -270,20 +354,27 @@ func doH1(r *Request) exchange {
 	return e
 }
 
-var dateLine = regexp.MustCompile(`(?m)^Date: [^\r\n]*\r\n`)
+var (
+	dateLine   = regexp.MustCompile(`(?m)^Date: [^\r\n]*\r\n`)
+	statusLine = regexp.MustCompile(`(?m)^HTTP/\d\.\d (\d{3}) `)
+)
 
-func doRaw(r *Request) exchange {
-	e := exchange{}
+func doRaw(r *Request, conn *clientConn, e exchange) exchange {
 	start := time.Now()
 	// Lines of a raw request end in CRLF, as HTTP wants.
 	raw := expand(strings.ReplaceAll(r.Raw, "\n", "\r\n"))
-	conn := send(r, []byte(raw), 3*time.Second, e)
-	if conn == nil {
-		return e
-	}
-	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(3 * time.Second))
+	conn.write([]byte(raw), e)
 	got, err := io.ReadAll(conn)
 	e["bytes"] = printable(sortHeads(dateLine.ReplaceAll(got, nil)))
+	// The statuses alone too, so that an entry of expected.yaml that
+	// explains a difference in the bytes (an error text) hides no
+	// difference in status.
+	var statuses []string
+	for _, m := range statusLine.FindAllSubmatch(got, -1) {
+		statuses = append(statuses, string(m[1]))
+	}
+	e["statuses"] = strings.Join(statuses, " ")
 	e["end"] = errClass(err)
 	e["timing"] = timing(time.Since(start))
 	return e
@@ -319,18 +410,8 @@ func sortHeads(got []byte) []byte {
 	return out
 }
 
-func doH2(r *Request) exchange {
-	e := exchange{}
+func doH2(r *Request, conn *clientConn, e exchange) exchange {
 	start := time.Now()
-	tr := &http2.Transport{
-		AllowHTTP: true,
-		// Prior knowledge: HTTP/2 whatever ALPN chose, as the activator
-		// speaks it to a pod over TLS.
-		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-			return dial(r, e)
-		},
-	}
-	defer tr.CloseIdleConnections()
 	method, path := r.line()
 	var body io.Reader
 	if r.Body != "" {
@@ -355,10 +436,9 @@ func doH2(r *Request) exchange {
 		}
 		req.Header.Add(h[0], h[1])
 	}
-	res, err := tr.RoundTrip(req)
-	if errors.Is(err, errTLS) {
-		return e
-	}
+	// Prior knowledge: HTTP/2 whatever ALPN chose, as the activator speaks
+	// it to a pod over TLS.
+	res, err := conn.h2.RoundTrip(req)
 	if err != nil {
 		e["response"] = errClass(err)
 		e["timing"] = timing(time.Since(start))
@@ -393,9 +473,19 @@ func printable(b []byte) string {
 	return s
 }
 
-func doWebSocket(path string) exchange {
+// doWebSocket opens a WebSocket to path (in a warm play on a connection
+// that served a request first), echoes two messages and closes it.
+func doWebSocket(path string, warm bool) exchange {
 	e := exchange{}
 	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
+	d.NetDialContext = func(context.Context, string, string) (net.Conn, error) {
+		c := open(&Request{}, warm, e)
+		if c == nil {
+			return nil, errors.New("no connection: " + e["conn"])
+		}
+		c.SetDeadline(time.Time{})
+		return c.Conn, nil
+	}
 	conn, res, err := d.Dial(fmt.Sprintf("ws://127.0.0.1:8012%s", path), http.Header{"Host": {"example.com"}})
 	if res != nil {
 		e["status"] = strconv.Itoa(res.StatusCode)

@@ -58,6 +58,9 @@ here; the differences it sees name the scenarios that see them.
 				if len(e.Generations) == 1 {
 					when = ", " + e.Generations[0] + " Knative"
 				}
+				if len(e.Paths) == 1 {
+					when += ", " + e.Paths[0] + " only"
+				}
 				if e.Sometimes {
 					when += ", in some runs"
 				}

@@ -29,6 +29,7 @@ type childPlay struct {
 	Gen      string `json:"gen"`
 	Proxy    string `json:"proxy"`
 	Bin      string `json:"bin"`
+	Warm     bool   `json:"warm"`
 	Logs     string `json:"logs"`
 	Dir      string `json:"dir"`
 	// Certs is where the runner wrote the pair a TLS scenario mounts.
@@ -55,14 +56,14 @@ func canIsolate() bool {
 
 // playIsolated plays one scenario against one proxy in a child process in
 // a network namespace of its own, and returns what it recorded.
-func playIsolated(sc Scenario, gen string, p proxy, logs, dir, certs string) *Observation {
+func playIsolated(sc Scenario, gen string, p proxy, warm bool, logs, dir, certs string) *Observation {
 	obs := NewObservation()
 	self, err := os.Executable()
 	if err != nil {
 		obs.Set("setup", err.Error())
 		return obs
 	}
-	arg, _ := json.Marshal(childPlay{sc.Name, gen, p.name, p.bin, logs, dir, certs})
+	arg, _ := json.Marshal(childPlay{sc.Name, gen, p.name, p.bin, warm, logs, dir, certs})
 	cmd := exec.Command(self, "-"+childFlag, string(arg))
 	flags := uintptr(syscall.CLONE_NEWNET)
 	if sc.TLS {
@@ -127,7 +128,7 @@ func runChild(arg string) int {
 			return 2
 		}
 	}
-	obs := play(*sc, c.Gen, proxy{c.Proxy, c.Bin}, c.Logs)
+	obs := play(*sc, c.Gen, proxy{c.Proxy, c.Bin}, c.Warm, c.Logs)
 	if err := json.NewEncoder(os.Stdout).Encode(childResult{obs.order, obs.fields}); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		return 2

@@ -203,7 +203,8 @@ func main() {
 	// a drain is 30 s whoever drains), each run in namespaces of its own;
 	// they are compared and reported one by one, in order, as they end.
 	type played struct {
-		obs  [][2]*Observation
+		// By generation, path (cold, warm) and proxy (go, qproxy).
+		obs  [][2][2]*Observation
 		took time.Duration
 		done chan struct{}
 	}
@@ -216,21 +217,26 @@ func main() {
 			if !sc.In(g.Name) {
 				continue
 			}
-			for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", bin}} {
-				run := func() {
-					if *isolate {
-						pl.obs[gi][i] = playIsolated(sc, g.Name, p, logs, scenarioDir, certs)
-					} else {
-						pl.obs[gi][i] = play(sc, g.Name, p, logs)
+			for pi, path := range paths {
+				warm := path == "warm"
+				for i, p := range []proxy{{"go", g.Oracle}, {"qproxy", bin}} {
+					run := func() {
+						var obs *Observation
+						if *isolate {
+							obs = playIsolated(sc, g.Name, p, warm, logs, scenarioDir, certs)
+						} else {
+							obs = play(sc, g.Name, p, warm, logs)
+						}
+						pl.obs[gi][pi][i] = obs
+						dump(obs, filepath.Join(logs, runName(sc.Name, g.Name, p.name, warm)+".fields"))
 					}
-					dump(pl.obs[gi][i], filepath.Join(logs, sc.Name+"."+g.Name+"."+p.name+".fields"))
+					if !*isolate {
+						run()
+						continue
+					}
+					wg.Add(1)
+					go func() { defer wg.Done(); run() }()
 				}
-				if !*isolate {
-					run()
-					continue
-				}
-				wg.Add(1)
-				go func() { defer wg.Done(); run() }()
 			}
 		}
 		wg.Wait()
@@ -241,7 +247,7 @@ func main() {
 		if *only != "" && !strings.Contains(sc.Name, *only) || sc.TLS && !*isolate {
 			continue
 		}
-		plays[si] = &played{obs: make([][2]*Observation, len(generations)), done: make(chan struct{})}
+		plays[si] = &played{obs: make([][2][2]*Observation, len(generations)), done: make(chan struct{})}
 	}
 	slots := make(chan struct{}, *scenariosAtOnce)
 	go func() {
@@ -280,7 +286,7 @@ func main() {
 			// The first play is not judged: what it matched proves no
 			// expectation still true.
 			restoreUsedMarks(expected, marks)
-			again := &played{obs: make([][2]*Observation, len(generations)), done: make(chan struct{})}
+			again := &played{obs: make([][2][2]*Observation, len(generations)), done: make(chan struct{})}
 			// In a slot of its own, like every play: without isolation,
 			// two plays at once would share the ports.
 			slots <- struct{}{}
@@ -290,60 +296,65 @@ func main() {
 		}
 		obs := pl.obs
 		for gi, g := range generations {
-			if !sc.In(g.Name) {
-				summary[sc.Name][g.Name] = "(not in this generation)"
-				continue
-			}
-			if totals[g.Name] == nil {
-				totals[g.Name] = map[string]int{}
-			}
-			ran[g.Name]++
-			rows := compare(sc.Name, g.Name, obs[gi][0], obs[gi][1], expected)
-			same, expectedDiffs, unexplainedHere := 0, 0, 0
-			for _, r := range rows {
-				switch r.verdict {
-				case "same":
-					same++
-				case "DIFFERS":
-					unexplainedHere++
-				default:
-					expectedDiffs++
+			for pi, path := range paths {
+				col := g.Name + " " + path
+				if !sc.In(g.Name) {
+					summary[sc.Name][col] = "(not in this generation)"
+					continue
 				}
-				if r.verdict != "same" {
-					line := fmt.Sprintf("| %s | %s | `%s` | %s | %s | %s |\n", sc.Name, g.Name, r.field, cell(r.a), cell(r.b), r.verdict)
-					details.WriteString(line)
-					if r.verdict == "DIFFERS" {
-						failures.WriteString(line)
+				if totals[col] == nil {
+					totals[col] = map[string]int{}
+				}
+				ran[col]++
+				rows := compare(sc.Name, g.Name, path, obs[gi][pi][0], obs[gi][pi][1], expected)
+				same, expectedDiffs, unexplainedHere := 0, 0, 0
+				for _, r := range rows {
+					switch r.verdict {
+					case "same":
+						same++
+					case "DIFFERS":
+						unexplainedHere++
+					default:
+						expectedDiffs++
 					}
+					if r.verdict != "same" {
+						line := fmt.Sprintf("| %s | %s | %s | `%s` | %s | %s | %s |\n", sc.Name, g.Name, path, r.field, cell(r.a), cell(r.b), r.verdict)
+						details.WriteString(line)
+						if r.verdict == "DIFFERS" {
+							failures.WriteString(line)
+						}
+					}
+					totals[col][strings.SplitN(r.verdict, " ", 2)[0]]++
 				}
-				totals[g.Name][strings.SplitN(r.verdict, " ", 2)[0]]++
+				unexplained += unexplainedHere
+				verdict := fmt.Sprintf("same (%d fields)", same)
+				if expectedDiffs > 0 {
+					verdict = fmt.Sprintf("%d same, %d as expected", same, expectedDiffs)
+				}
+				if unexplainedHere > 0 {
+					verdict = fmt.Sprintf("**%d DIFFER**, %d as expected, %d same", unexplainedHere, expectedDiffs, same)
+				}
+				summary[sc.Name][col] = verdict
+				fmt.Fprintf(os.Stderr, "%-40s %-8s %-4s %3d fields, %d differ  (%s)\n", sc.Name, g.Name, path, len(rows), len(rows)-same, pl.took.Round(time.Millisecond))
 			}
-			unexplained += unexplainedHere
-			verdict := fmt.Sprintf("same (%d fields)", same)
-			if expectedDiffs > 0 {
-				verdict = fmt.Sprintf("%d same, %d as expected", same, expectedDiffs)
-			}
-			if unexplainedHere > 0 {
-				verdict = fmt.Sprintf("**%d DIFFER**, %d as expected, %d same", unexplainedHere, expectedDiffs, same)
-			}
-			summary[sc.Name][g.Name] = verdict
-			fmt.Fprintf(os.Stderr, "%-40s %-8s %3d fields, %d differ  (%s)\n", sc.Name, g.Name, len(rows), len(rows)-same, pl.took.Round(time.Millisecond))
 		}
 	}
 	stale := 0
 	if *only == "" {
 		for _, e := range expected {
 			for _, g := range generations {
-				if !e.AppliesTo(g.Name) || e.used[g.Name] || e.Sometimes || skipped[e.Scenario] {
-					continue
+				for _, path := range paths {
+					if !e.AppliesTo(g.Name, path) || e.used[g.Name+" "+path] || e.Sometimes || skipped[e.Scenario] {
+						continue
+					}
+					if sc := findScenario(scenarios, e.Scenario); sc != nil && !sc.In(g.Name) {
+						continue
+					}
+					stale++
+					line := fmt.Sprintf("| %s | %s | %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, g.Name, path, e.Field, e.Why.ID)
+					details.WriteString(line)
+					failures.WriteString(line)
 				}
-				if sc := findScenario(scenarios, e.Scenario); sc != nil && !sc.In(g.Name) {
-					continue
-				}
-				stale++
-				line := fmt.Sprintf("| %s | %s | `%s` | | | STALE: %s no longer differs here |\n", e.Scenario, g.Name, e.Field, e.Why.ID)
-				details.WriteString(line)
-				failures.WriteString(line)
 			}
 		}
 	}
@@ -353,11 +364,15 @@ func main() {
 	fmt.Fprintf(&out, "Run %s; qproxy `%s`.\n\n", time.Now().UTC().Format(time.RFC3339), *qproxyBin)
 	fmt.Fprintf(&out, "| scenario |")
 	for _, g := range generations {
-		fmt.Fprintf(&out, " %s (serving %s) |", g.Name, g.Version)
+		for _, path := range paths {
+			fmt.Fprintf(&out, " %s (serving %s), %s |", g.Name, g.Version, path)
+		}
 	}
 	fmt.Fprintf(&out, "\n|---|")
 	for range generations {
-		fmt.Fprintf(&out, "---|")
+		for range paths {
+			fmt.Fprintf(&out, "---|")
+		}
 	}
 	fmt.Fprintln(&out)
 	for _, sc := range scenarios {
@@ -366,15 +381,20 @@ func main() {
 		}
 		fmt.Fprintf(&out, "| %s |", sc.Name)
 		for _, g := range generations {
-			fmt.Fprintf(&out, " %s |", summary[sc.Name][g.Name])
+			for _, path := range paths {
+				fmt.Fprintf(&out, " %s |", summary[sc.Name][g.Name+" "+path])
+			}
 		}
 		fmt.Fprintln(&out)
 	}
-	fmt.Fprintf(&out, "\n## Fields that differ\n\n| scenario | generation | field | go | qproxy | verdict |\n|---|---|---|---|---|---|\n%s\n", details.String())
+	fmt.Fprintf(&out, "\n## Fields that differ\n\n| scenario | generation | path | field | go | qproxy | verdict |\n|---|---|---|---|---|---|---|\n%s\n", details.String())
 	for _, g := range generations {
-		t := totals[g.Name]
-		fmt.Fprintf(&out, "%s (oracle `%s`): %d scenarios; fields: %d same, %d differ as expected, %d differ unexplained.\n",
-			g.Name, g.Oracle, ran[g.Name], t["same"], t["differs"], t["DIFFERS"])
+		for _, path := range paths {
+			col := g.Name + " " + path
+			t := totals[col]
+			fmt.Fprintf(&out, "%s, %s (oracle `%s`): %d scenarios; fields: %d same, %d differ as expected, %d differ unexplained.\n",
+				g.Name, path, g.Oracle, ran[col], t["same"], t["differs"], t["DIFFERS"])
+		}
 	}
 	fmt.Fprintf(&out, "%d stale expectations.\n", stale)
 	if len(replayed) > 0 {
@@ -385,30 +405,48 @@ func main() {
 	fmt.Print(out.String())
 	if unexplained > 0 || stale > 0 {
 		// Repeated last, where a log cut to its tail still shows them.
-		fmt.Printf("\n## What fails the run\n\n| scenario | generation | field | go | qproxy | verdict |\n|---|---|---|---|---|---|\n%s", failures.String())
+		fmt.Printf("\n## What fails the run\n\n| scenario | generation | path | field | go | qproxy | verdict |\n|---|---|---|---|---|---|---|\n%s", failures.String())
 		os.Exit(1)
 	}
 }
 
 // timingAloneDiffers says whether the only unexplained differences of a
 // play, in any generation, are timing classes.
-func timingAloneDiffers(sc Scenario, generations []Generation, obs [][2]*Observation, expected []*Expected) bool {
+func timingAloneDiffers(sc Scenario, generations []Generation, obs [][2][2]*Observation, expected []*Expected) bool {
 	timing := false
 	for gi, g := range generations {
 		if !sc.In(g.Name) {
 			continue
 		}
-		for _, r := range compare(sc.Name, g.Name, obs[gi][0], obs[gi][1], expected) {
-			if r.verdict != "DIFFERS" {
-				continue
+		for pi, path := range paths {
+			for _, r := range compare(sc.Name, g.Name, path, obs[gi][pi][0], obs[gi][pi][1], expected) {
+				if r.verdict != "DIFFERS" {
+					continue
+				}
+				if !strings.HasSuffix(r.field, ".timing") && !strings.HasSuffix(r.field, ".after-signal") {
+					return false
+				}
+				timing = true
 			}
-			if !strings.HasSuffix(r.field, ".timing") && !strings.HasSuffix(r.field, ".after-signal") {
-				return false
-			}
-			timing = true
 		}
 	}
 	return timing
+}
+
+// paths are the two ways every scenario is played: cold, each request on a
+// new client connection to a proxy with no connection to the app yet (but
+// what the scenario's own steps left), and warm, each request to the app
+// on a client connection that served one first, and so with the proxy's
+// connection to the app pooled.
+var paths = []string{"cold", "warm"}
+
+// runName names a run's log and fields files.
+func runName(scenario, gen, proxy string, warm bool) string {
+	name := scenario + "." + gen + "." + proxy
+	if warm {
+		name += ".warm"
+	}
+	return name
 }
 
 // usedMarks copies which generations each expectation has matched so far.
@@ -451,7 +489,7 @@ type row struct{ field, a, b, verdict string }
 
 const absent = "(absent)"
 
-func compare(scenario, gen string, a, b *Observation, expected []*Expected) []row {
+func compare(scenario, gen, path string, a, b *Observation, expected []*Expected) []row {
 	names := map[string]bool{}
 	var order []string
 	for _, o := range []*Observation{a, b} {
@@ -476,11 +514,11 @@ func compare(scenario, gen string, a, b *Observation, expected []*Expected) []ro
 		if va != vb {
 			r.verdict = "DIFFERS"
 			for _, e := range expected {
-				if (e.Scenario != scenario && e.Scenario != "*") || !e.AppliesTo(gen) {
+				if (e.Scenario != scenario && e.Scenario != "*") || !e.AppliesTo(gen, path) {
 					continue
 				}
 				if e.Matches(n) {
-					e.used[gen] = true
+					e.used[gen+" "+path] = true
 					r.verdict = "differs (expected: " + e.Why.ID + ", " + e.Why.Title + ")"
 					break
 				}
@@ -500,10 +538,27 @@ func dump(obs *Observation, file string) {
 	os.WriteFile(file, []byte(b.String()), 0o644)
 }
 
-// play runs one scenario against one proxy and records what it saw. The
-// app's port, which differs between runs, reads {{USER_PORT}}, in field
-// names (a metric's labels) as in values.
-func play(sc Scenario, gen string, p proxy, logs string) *Observation {
+// answeredOnMain counts the answers to r's exchange e (its warm-up's
+// among them) that the main port's request metrics count.
+func answeredOnMain(r *Request, e exchange) int {
+	if r.Port != "" && r.Port != "main" {
+		return 0
+	}
+	n := 0
+	for _, status := range []string{e["status"], e["warmup"]} {
+		if _, err := strconv.Atoi(strings.Fields(status + " x")[0]); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// play runs one scenario against one proxy and records what it saw; in a
+// warm play (warm), every request to the app goes on a client connection
+// that served a request before, and so finds the proxy's connection to the
+// app pooled. The app's port, which differs between runs, reads
+// {{USER_PORT}}, in field names (a metric's labels) as in values.
+func play(sc Scenario, gen string, p proxy, warm bool, logs string) *Observation {
 	obs := NewObservation()
 	app, err := StartApp(sc.App)
 	if err != nil {
@@ -525,7 +580,7 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 		vars = append(vars, k+"="+v)
 	}
 	sort.Strings(vars)
-	logFile, _ := os.Create(filepath.Join(logs, sc.Name+"."+gen+"."+p.name+".log"))
+	logFile, _ := os.Create(filepath.Join(logs, runName(sc.Name, gen, p.name, warm)+".log"))
 	defer logFile.Close()
 	cmd := exec.Command(p.bin)
 	cmd.Env = vars
@@ -570,20 +625,28 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 		prefix := name + "."
 		switch {
 		case step.Request != nil:
-			e := do(step.Request)
+			e := do(step.Request, warm)
 			e.into(prefix, obs)
-			if (step.Request.Port == "" || step.Request.Port == "main") && e["status"] != "" {
-				answered++
-			}
+			answered += answeredOnMain(step.Request, e)
 			describeSeen(prefix, app.Take(), obs)
 		case step.Parallel != nil:
 			results := make([]string, len(step.Parallel))
+			// Each request's connection is opened (in a warm play, and
+			// has served its first request) one after the other; then
+			// all the requests go at once.
+			conns := make([]*clientConn, len(step.Parallel))
+			exchanges := make([]exchange, len(step.Parallel))
+			for j := range step.Parallel {
+				exchanges[j] = exchange{}
+				conns[j] = open(&step.Parallel[j], warm, exchanges[j])
+				answered += answeredOnMain(&step.Parallel[j], exchange{"status": exchanges[j]["warmup"]})
+			}
 			var wg sync.WaitGroup
 			for j := range step.Parallel {
 				wg.Add(1)
 				go func(j int) {
 					defer wg.Done()
-					e := do(&step.Parallel[j])
+					e := doOn(&step.Parallel[j], conns[j], exchanges[j])
 					results[j] = fmt.Sprintf("%s %s %s", e["status"], e["body"], e["response"])
 				}(j)
 			}
@@ -600,7 +663,7 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 			ch := make(chan exchange, 1)
 			started[step.Start.As] = ch
 			req := step.Start
-			go func() { ch <- do(req) }()
+			go func() { ch <- do(req, warm) }()
 			// The request is under way once the app has it, or the proxy
 			// has queued it; give it the moment a client would.
 			waitArrived(app, req)
@@ -630,7 +693,7 @@ func play(sc Scenario, gen string, p proxy, logs string) *Observation {
 		case step.Metrics:
 			metricsFields(gen, answered).into(prefix, obs)
 		case step.WebSocket != "":
-			doWebSocket(step.WebSocket).into(prefix, obs)
+			doWebSocket(step.WebSocket, warm).into(prefix, obs)
 			describeSeen(prefix, app.Take(), obs)
 		}
 	}

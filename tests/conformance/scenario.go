@@ -176,9 +176,13 @@ type Expected struct {
 	Sometimes bool `yaml:"sometimes"`
 	// Generations it is seen in: classic, current, or (when empty) both.
 	Generations []string `yaml:"generations"`
+	// Paths it is seen on: cold, warm, or (when empty) both; an entry
+	// seen on one path only says why in its difference's text.
+	Paths []string `yaml:"paths"`
 	// Why is the difference seen there, set when loaded.
 	Why *Difference `yaml:"-"`
-	// used records the generations it explained a difference in.
+	// used records the generations and paths ("classic warm") it
+	// explained a difference in.
 	used map[string]bool
 }
 
@@ -202,9 +206,11 @@ func (e *Expected) Matches(name string) bool {
 	return rest == ""
 }
 
-// AppliesTo says whether the entry explains differences in generation gen.
-func (e *Expected) AppliesTo(gen string) bool {
-	return len(e.Generations) == 0 || slices.Contains(e.Generations, gen)
+// AppliesTo says whether the entry explains differences in generation gen
+// on path (cold or warm).
+func (e *Expected) AppliesTo(gen, path string) bool {
+	return (len(e.Generations) == 0 || slices.Contains(e.Generations, gen)) &&
+		(len(e.Paths) == 0 || slices.Contains(e.Paths, path))
 }
 
 // LoadDifferences reads the list of known differences.
@@ -235,6 +241,11 @@ func LoadDifferences(file string) ([]*Difference, error) {
 			for _, g := range e.Generations {
 				if g != "classic" && g != "current" {
 					return nil, fmt.Errorf("%s: %s: no generation %q (classic or current)", file, d.ID, g)
+				}
+			}
+			for _, p := range e.Paths {
+				if p != "cold" && p != "warm" {
+					return nil, fmt.Errorf("%s: %s: no path %q (cold or warm)", file, d.ID, p)
 				}
 			}
 			e.Why = d
