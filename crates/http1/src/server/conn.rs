@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
+use http::{HeaderMap, Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -102,8 +102,8 @@ pub enum Ended {
 /// chose it) from HTTP/1.1. HTTP/1.1 requests are served by [`serve`]
 /// until one is hyper's; hyper's HTTP/1.1 then serves the connection,
 /// with the bytes read so far first. A head longer than Go reads, which
-/// only hyper reads, is answered `431` and the connection closed, as Go's
-/// server answers it.
+/// only hyper reads, is answered `431`, and a transfer coding Go does not
+/// read `501`, the connection closed, as Go's server answers them.
 pub async fn serve_connection<IO, S, RB, B, L>(
     mut io: IO,
     clock: Arc<HeadClock>,
@@ -217,10 +217,13 @@ where
 
 /// The owner's service as hyper calls it (through hyper-util's
 /// `TowerToHyperService`, which clones it, waits until it is ready and
-/// calls it): each request's body made the owner's ([`MakeBody::streamed`]), and a head longer than Go reads
-/// refused first (hyper's own limit is the same, but it checks it only as
+/// calls it): each request's body made the owner's ([`MakeBody::streamed`]),
+/// and what Go's server refuses refused first ([`refused`]): a head longer
+/// than Go reads (hyper's own limit is the same, but it checks it only as
 /// its buffer grows, so a head a little over it can get through; this
-/// crate's server hands longer heads to hyper, so only hyper reads them).
+/// crate's server hands longer heads to hyper, so only hyper reads them),
+/// and a transfer coding Go does not read (this crate's server hands every
+/// request with one to hyper).
 #[derive(Debug)]
 struct Handed<S, RB> {
     inner: S,
@@ -307,28 +310,58 @@ fn head_len<B>(req: &Request<B>) -> usize {
     fields + line + "\r\n".len()
 }
 
-/// Go's server's answer to an HTTP/1 request whose head is longer than it
-/// reads (HTTP/2 heads are bounded by the header list's size instead).
+/// Go's server's answer to an HTTP/1 request it refuses before its
+/// handlers see it: a head longer than it reads (HTTP/2 heads are bounded
+/// by the header list's size instead), or an HTTP/1.1 request whose
+/// transfer coding is not one `Transfer-Encoding: chunked` (Go understands
+/// no other, and no list: being lenient about framing is how request
+/// smuggling starts, so qproxy refuses what Go refuses, though hyper would
+/// read `identity, chunked` as chunked).
 fn refused<B>(req: &Request<B>) -> Option<Response<Full<Bytes>>> {
-    (req.version() < Version::HTTP_2 && head_len(req) > MAX_HEADER_BYTES).then(too_long)
+    if req.version() >= Version::HTTP_2 {
+        return None;
+    }
+    if head_len(req) > MAX_HEADER_BYTES {
+        return Some(go_refusal(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            b"431 Request Header Fields Too Large",
+        ));
+    }
+    (req.version() == Version::HTTP_11 && !go_reads_coding(req.headers())).then(|| {
+        go_refusal(
+            StatusCode::NOT_IMPLEMENTED,
+            b"Unsupported transfer encoding",
+        )
+    })
 }
 
-/// Go's server's answer to a head longer than it reads: `431` with its
-/// reason as the body, and the connection closed.
-fn too_long() -> Response<Full<Bytes>> {
-    const REASON: &str = "Request Header Fields Too Large";
-    let mut res = Response::new(Full::new(Bytes::from_static(
-        b"431 Request Header Fields Too Large",
-    )));
-    *res.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+/// Whether Go's server reads a request with these fields: no
+/// `Transfer-Encoding`, or one whose value is `chunked` (any case, the
+/// spaces around it aside).
+fn go_reads_coding(headers: &HeaderMap) -> bool {
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(one), None) => one.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        (Some(_), Some(_)) => false,
+    }
+}
+
+/// Go's server's refusal of a request: `status` with `body` (its reason, or
+/// Go's words), and the connection closed.
+fn go_refusal(status: StatusCode, body: &'static [u8]) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from_static(body)));
+    *res.status_mut() = status;
     let headers = res.headers_mut();
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    res.extensions_mut()
-        .insert(ReasonPhrase::from_static(REASON.as_bytes()));
+    if let Some(reason) = status.canonical_reason() {
+        res.extensions_mut()
+            .insert(ReasonPhrase::from_static(reason.as_bytes()));
+    }
     res
 }
 
@@ -365,5 +398,41 @@ mod tests {
         let mut h2 = with(&"a".repeat(MAX_HEADER_BYTES));
         *h2.version_mut() = Version::HTTP_2;
         assert!(refused(&h2).is_none());
+    }
+
+    #[test]
+    fn a_transfer_coding_go_does_not_read_is_501_and_closes() {
+        let with = |version: Version, codings: &[&str]| {
+            let mut req = Request::post("/").header("host", "h");
+            for coding in codings {
+                req = req.header("transfer-encoding", *coding);
+            }
+            req.version(version).body(()).unwrap()
+        };
+        let http11 = |codings: &[&str]| refused(&with(Version::HTTP_11, codings));
+        for read in [
+            &[][..],
+            &["chunked"],
+            &["Chunked"],
+            &["CHUNKED"],
+            &[" chunked "],
+        ] {
+            assert!(http11(read).is_none(), "{read:?}");
+        }
+        for unread in [
+            &["identity, chunked"][..],
+            &["chunked, identity"],
+            &["gzip, chunked"],
+            &["chunked", "chunked"],
+            &["identity", "chunked"],
+            &["xchunked"],
+            &["identity"],
+        ] {
+            let res = http11(unread).expect("refused");
+            assert_eq!(res.status(), StatusCode::NOT_IMPLEMENTED, "{unread:?}");
+            assert_eq!(res.headers()[CONNECTION], "close");
+        }
+        // Go ignores the transfer coding of an HTTP/1.0 request.
+        assert!(refused(&with(Version::HTTP_10, &["identity, chunked"])).is_none());
     }
 }
