@@ -26,6 +26,10 @@ pub struct Ended {
     /// The status Knative's handlers saw, or `None` for a body cut off
     /// (the app failed, the client left), which Go's proxy aborts.
     pub status: Option<u16>,
+    /// The status of the response's head, as Knative's handlers saw it,
+    /// whether or not its body was then cut off (the `502` of Knative's
+    /// proxy error handler for a request that got none).
+    pub answered: u16,
     /// Body bytes sent.
     pub size: u64,
     /// From the request's arrival at the observer to its end.
@@ -74,6 +78,7 @@ impl<R: Record> Drop for Observed<R> {
     fn drop(&mut self) {
         self.record.record(Ended {
             status: self.outcome.status(),
+            answered: self.outcome.status,
             size: self.size,
             elapsed: self.start.elapsed(),
         });

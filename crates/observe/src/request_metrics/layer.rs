@@ -10,7 +10,9 @@
 //! (cancelled by the client or a timeout) counts as a `502`, as Knative's
 //! proxy error handler answers it; a response whose body was cut off (the
 //! app failed, the client left) counts as a `500`, as Knative's handlers
-//! record the proxy's aborted handler; an upgrade counts as a `200`, since
+//! record the proxy's aborted handler (current Knative's HTTP instruments
+//! as its Go handlers do: the server's not at all, the client's with the
+//! app's status, [`crate::request_metrics::otel`]); an upgrade counts as a `200`, since
 //! Go's proxy writes the `101` past the handlers. Probes are not measured
 //! (but the queue depth is taken as they pass, as Knative takes it), but
 //! for one case: current Knative's HTTP client measures every request it
@@ -142,8 +144,17 @@ impl Record for Measuring {
                 m.series(self.scope, status, tag).record(ended.elapsed)
             }
             MetricsTarget::Current(m, attributes) => match self.scope {
-                Scope::Revision => m.record_server(attributes, status, ended.size, ended.elapsed),
-                Scope::App => m.record_app(attributes, status, ended.elapsed),
+                // Current Knative's HTTP server instruments record a
+                // request once its handler returns: never one whose body
+                // Go's proxy aborted.
+                Scope::Revision => {
+                    if let Some(status) = ended.status {
+                        m.record_server(attributes, status, ended.size, ended.elapsed);
+                    }
+                }
+                // Its HTTP client's, once the app's head is in: with that
+                // head's status, however its body then ends.
+                Scope::App => m.record_app(attributes, status, ended.answered, ended.elapsed),
             },
         }
     }
@@ -237,6 +248,44 @@ mod tests {
         body.frame().await.unwrap().unwrap();
         drop(body);
         assert_eq!(counted(&m), [("500".to_owned(), 1)]);
+    }
+
+    /// Current Knative counts a body cut off as its Go handlers do: the
+    /// invocation as a `500`, the request to the app with the app's status,
+    /// the request to the queue-proxy not at all.
+    #[tokio::test]
+    async fn a_body_cut_off_is_counted_in_current_knative_as_its_handlers_count_it() {
+        let revision = Revision {
+            namespace: "default".into(),
+            service: "hello".into(),
+            configuration: "hello".into(),
+            name: "hello-00001".into(),
+            pod: "pod1".into(),
+            pod_ip: "127.0.0.1".into(),
+        };
+        let m = OtelMetrics::prometheus(&revision, &Default::default(), 8080);
+        let metrics = Some(UserMetrics::Current(m.clone()));
+        let stack = MetricsLayer::revision(metrics.clone())
+            .layer(MetricsLayer::app(metrics, None).layer(service_fn(answer)));
+        let mut body = stack.oneshot(request()).await.unwrap().into_body();
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        let text = m.render();
+        let counts = |family: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{family}_count{{")))
+                .map(|l| {
+                    let code = l.split("status_code=\"").nth(1).unwrap_or("");
+                    code.split('"').next().unwrap_or("").to_owned()
+                })
+                .collect()
+        };
+        assert_eq!(counts("kn_serving_invocation_duration_seconds"), ["500"]);
+        assert_eq!(counts("http_client_request_duration_seconds"), ["200"]);
+        assert!(
+            counts("http_server_request_duration_seconds").is_empty(),
+            "{text}"
+        );
     }
 
     #[tokio::test]

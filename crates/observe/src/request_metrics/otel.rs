@@ -23,6 +23,13 @@
 //! times the app's part, the queue depth is the breaker's requests as each
 //! request passes. Probes are not measured.
 //!
+//! A response whose body is cut off (the app failed, the client left) is
+//! counted as Knative's Go handlers count the proxy's aborted handler:
+//! `kn_serving_invocation_duration_seconds` records it as a `500`, the
+//! client instruments with the status of the app's head (its round trip
+//! had ended), and the server instruments not at all (they record once a
+//! handler returns, which an aborted one never does).
+//!
 //! As Go's OpenTelemetry SDK (`sdk/metric`) does by default, each
 //! instrument keeps at most 2,000 attribute sets, the overflow set among
 //! them: once 1,999 are kept, a measurement with a new set is counted in
@@ -381,11 +388,18 @@ impl OtelMetrics {
         }
     }
 
-    /// Records a request as the app handled it: the invocation, and the
-    /// request to the app.
-    pub fn record_app(&self, attributes: &HttpAttributes, status: u16, duration: Duration) {
+    /// Records a request as the app handled it: the invocation, with
+    /// `status` (a `500` for a body cut off), and the request to the app,
+    /// with the status of the app's head (`answered`).
+    pub fn record_app(
+        &self,
+        attributes: &HttpAttributes,
+        status: u16,
+        answered: u16,
+        duration: Duration,
+    ) {
         let port = self.inner.user_port.to_string();
-        let attrs = http_attributes(attributes, status, "127.0.0.1", Some(&port));
+        let attrs = http_attributes(attributes, answered, "127.0.0.1", Some(&port));
         let seconds = duration.as_secs_f64();
         match &self.inner.backend {
             Backend::Prometheus {
