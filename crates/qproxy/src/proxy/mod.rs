@@ -412,10 +412,17 @@ fn finish(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
 }
 
 /// The `502` Knative answers when the app cannot be reached: Go's
-/// `http.Error` with the error text.
+/// `http.Error` with the error text. When the client's own body broke
+/// (its framing, or the client went away mid-body), the connection cannot
+/// serve another request (where the next one would start is unknown): the
+/// answer says `Connection: close`, as Go's server says it, and the
+/// connection closes after it.
 fn error_response(err: &UpstreamError) -> Response<ProxyBody> {
+    let mut res = http_error(StatusCode::BAD_GATEWAY, format!("{err}\n")).map(ProxyBody::from);
     if err.is_client_gone() {
         tracing::debug!(error = %err, "request context canceled");
+        res.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     } else {
         let sockstat = std::fs::read_to_string("/proc/net/sockstat").unwrap_or_default();
         tracing::error!(
@@ -423,7 +430,7 @@ fn error_response(err: &UpstreamError) -> Response<ProxyBody> {
             "error reverse proxying request; sockstat: {sockstat}"
         );
     }
-    http_error(StatusCode::BAD_GATEWAY, format!("{err}\n")).map(ProxyBody::from)
+    res
 }
 
 #[cfg(test)]

@@ -458,6 +458,11 @@ async fn a_broken_chunked_body_never_reaches_a_pooled_connection_as_ended() {
         );
         let answer = raw_exchange(qp.main, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 502 "), "{size}: {answer}");
+        // Where a next request would start is unknown: the connection ends.
+        assert!(
+            answer.to_ascii_lowercase().contains("\r\nconnection: close\r\n"),
+            "{size}: {answer}"
+        );
         let seen = conns.lock().unwrap().concat();
         let after = String::from_utf8_lossy(&seen[before..]).into_owned();
         assert!(
@@ -466,4 +471,26 @@ async fn a_broken_chunked_body_never_reaches_a_pooled_connection_as_ended() {
         );
     }
     assert!(qp_alive(&qp).await);
+}
+
+/// A transfer coding Go's server does not read (a list, or the field
+/// twice) is refused as Go refuses it, `501`, and reaches the app not at
+/// all: a front proxy that reads the head as Go does would not agree with
+/// hyper's reading on where the request ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transfer_coding_go_does_not_read_is_501_and_never_reaches_the_app() {
+    let (port, conns) = recording_app().await;
+    let qp = QProxy::start(port, &[]);
+    for coding in [
+        "Transfer-Encoding: identity, chunked",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+    ] {
+        let request = format!(
+            "POST /a HTTP/1.1\r\nHost: x\r\n{coding}\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+        );
+        let answer = raw_exchange(qp.main, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 501 "), "{coding}: {answer}");
+        assert!(answer.ends_with("Unsupported transfer encoding"), "{answer}");
+    }
+    assert!(conns.lock().unwrap().concat().is_empty(), "the app saw nothing");
 }
