@@ -97,7 +97,12 @@ func main() {
 	child := flag.String(childFlag, "", "(internal: one run, in the namespace the runner made for it)")
 	failureSuite := flag.Bool("failures", false, "play the failure-mode suite (failures.go) instead of the scenarios; the report goes to ../../target/conformance/failures.md")
 	failChild := flag.String(failChildFlag, "", "(internal: one play of a failure case, in the namespace the runner made for it)")
+	integritySuite := flag.Bool("integrity", false, "play the integrity suite (integrity.go) instead of the scenarios; the report goes to ../../target/conformance/integrity.md")
+	integChild := flag.String(integChildFlag, "", "(internal: one play of the integrity suite, in the namespace the runner made for it)")
 	flag.Parse()
+	if *integChild != "" {
+		os.Exit(runIntegChild(*integChild))
+	}
 	if *child != "" {
 		os.Exit(runChild(*child))
 	}
@@ -139,6 +144,22 @@ func main() {
 	if len(generations) == 0 {
 		fmt.Fprintln(os.Stderr, "conformance: no generation", *onlyGeneration, "(classic or current)")
 		os.Exit(2)
+	}
+	if *integritySuite {
+		logs, _ := filepath.Abs(filepath.Join(filepath.Dir(*report), "logs"))
+		os.MkdirAll(logs, 0o755)
+		if !canIsolate() {
+			fmt.Fprintln(os.Stderr, "conformance: the integrity suite needs network namespaces (root): each play listens on Knative's fixed ports")
+			os.Exit(2)
+		}
+		bin, _ := filepath.Abs(*qproxyBin)
+		for i := range generations {
+			generations[i].Oracle, _ = filepath.Abs(generations[i].Oracle)
+		}
+		if !runIntegrity(generations, bin, logs, filepath.Join(filepath.Dir(*report), "integrity.md"), *only) {
+			os.Exit(1)
+		}
+		return
 	}
 	if *failureSuite {
 		logs, _ := filepath.Abs(filepath.Join(filepath.Dir(*report), "logs"))
