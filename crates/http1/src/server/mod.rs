@@ -12,7 +12,8 @@
 //! the size of what came, parses it with `httparse` (hyper's parser) into
 //! a request whose header values share that buffer, calls the port's
 //! service, and writes the response head and the first bytes of its body
-//! in one write. Between requests a connection keeps only what it wrote
+//! in one write (the head of a body of known length waits for them, as Go's
+//! proxy sends it). Between requests a connection keeps only what it wrote
 //! last (up to 16 KiB) and its last head's memory (up to 2 KiB), which the
 //! next response and head reuse once nothing else holds them.
 //!
@@ -86,6 +87,9 @@ use parse::{RequestParse, parse};
 const KEEP_READ: usize = 2048;
 /// Bytes queued before they are written, even if the body has more ready.
 const WRITE_AT: usize = 64 * 1024;
+/// The longest head of a length-framed response held for its body's first
+/// bytes: Go's server's write buffer.
+const HEAD_HELD_MAX: usize = 4096;
 
 /// What a connection needs from its owner besides its [`HeadClock`]: when
 /// to finish (a graceful shutdown).
@@ -339,6 +343,12 @@ where
         body.set(None);
     }
     let mut watched = watch.armed;
+    // Go's proxy (its `FlushInterval` 0 for a body of known length) sends
+    // such a response's head with the body's first bytes, its server's
+    // 4 KiB buffer flushing no sooner: the head waits for them here too
+    // (unless it fills that buffer alone), so that a client that reads the
+    // head and leaves has seen what it does with Go, and is counted so.
+    let mut head_held = matches!(framing, Encoding::Length(n) if n > 0);
     let written = poll_fn(|cx| {
         // The client is watched while the body waits, not before what the
         // body has ready: a body that ends in the wake-up that finds the
@@ -372,6 +382,9 @@ where
                         }
                         armed = watch.armed;
                     }
+                    if head_held && out.queued() < HEAD_HELD_MAX {
+                        return Poll::Pending;
+                    }
                     ready!(out.poll_write(io, cx)).map_err(|_| ())?;
                     ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(|_| ())?;
                     return Poll::Pending;
@@ -381,6 +394,7 @@ where
             let (ended, with_data) = match frame.map(http_body::Frame::into_data) {
                 Some(Ok(data)) if !data.is_empty() => {
                     out.data(&mut framing, data);
+                    head_held = false;
                     (end, true)
                 }
                 Some(Ok(_)) => (end, false),

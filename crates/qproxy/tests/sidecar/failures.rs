@@ -460,7 +460,9 @@ async fn a_broken_chunked_body_never_reaches_a_pooled_connection_as_ended() {
         assert!(answer.starts_with("HTTP/1.1 502 "), "{size}: {answer}");
         // Where a next request would start is unknown: the connection ends.
         assert!(
-            answer.to_ascii_lowercase().contains("\r\nconnection: close\r\n"),
+            answer
+                .to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
             "{size}: {answer}"
         );
         let seen = conns.lock().unwrap().concat();
@@ -490,7 +492,13 @@ async fn a_transfer_coding_go_does_not_read_is_501_and_never_reaches_the_app() {
         );
         let answer = raw_exchange(qp.main, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 501 "), "{coding}: {answer}");
-        assert!(answer.ends_with("Unsupported transfer encoding"), "{answer}");
+        assert!(
+            answer.ends_with("Unsupported transfer encoding"),
+            "{answer}"
+        );
     }
-    assert!(conns.lock().unwrap().concat().is_empty(), "the app saw nothing");
+    assert!(
+        conns.lock().unwrap().concat().is_empty(),
+        "the app saw nothing"
+    );
 }

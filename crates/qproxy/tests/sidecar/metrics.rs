@@ -488,3 +488,51 @@ fn generation_env(current: bool, app: &App, extra: &[(&str, &str)]) -> Vec<(Stri
 fn labels() -> String {
     format!("{REVISION_LABELS},revision_name=\"hello-00001\",service_name=\"hello\"")
 }
+
+/// An app that writes a response's head, and its body (of known length) a
+/// moment later, as a separate write: the head reaches the client with the
+/// body's first bytes, as Go's proxy sends it, so that a client that reads
+/// what first comes and leaves has the whole response, and is counted as
+/// the app's `200`, not as a body cut off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_length_framed_head_waits_for_its_body_and_a_client_leaving_after_it_counts_200() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = raw_app(|mut s| async move {
+        while read_head(&mut s).await.is_some() {
+            let head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+            if s.write_all(head).await.is_err() {
+                return;
+            }
+            // The app's own pace: its body comes in a write of its own.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            if s.write_all(b"hello").await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let qp = QProxy::start(port, &[]);
+    let mut client = tokio::net::TcpStream::connect(qp.main).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: hello\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = within("the answer", client.read(&mut first)).await.unwrap();
+    let first = String::from_utf8_lossy(&first[..n]).into_owned();
+    assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{first}");
+    assert!(
+        first.ends_with("\r\n\r\nhello"),
+        "the head came alone: {first:?}"
+    );
+    drop(client);
+    let metrics = qp.metrics.expect("the metrics port");
+    scrape_until(
+        metrics,
+        &format!(
+            "{} 1",
+            classic_series("revision_request_count", 200, Some("DISABLED"), "")
+        ),
+    )
+    .await;
+}
