@@ -124,3 +124,231 @@ async fn answer(req: Request<Incoming>) -> Result<Response<StubBody>, std::io::E
         _ => Ok(Response::new(req.into_body().boxed())),
     }
 }
+
+/// What the recording app read of one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The request target.
+    pub target: String,
+    /// The body, decoded from its framing.
+    pub body: Vec<u8>,
+    /// The trailer fields, `name: value` in lower case names.
+    pub trailers: Vec<String>,
+    /// Its framing ended it.
+    pub complete: bool,
+    /// What was not strict HTTP/1.1, if anything.
+    pub violation: Option<&'static str>,
+}
+
+/// The requests the recording app has read, in order.
+pub type SeenLog = std::sync::Arc<std::sync::Mutex<Vec<Seen>>>;
+
+/// Starts an app on a loopback port of the current runtime that reads
+/// requests as a strict HTTP/1.1 parser does (CRLF line ends, no folding,
+/// one `Content-Length` or a `Transfer-Encoding` that is exactly
+/// `chunked`, never both), records each one (complete only once its
+/// framing ended it), answers each complete one `200 ok`, and keeps the
+/// connection. Returns its address and what it read.
+pub async fn recording_app() -> std::io::Result<(SocketAddr, SeenLog)> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    let log = SeenLog::default();
+    let seen = log.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(record_connection(stream, seen.clone()));
+        }
+    });
+    Ok((addr, log))
+}
+
+async fn record_connection(stream: tokio::net::TcpStream, log: SeenLog) {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    loop {
+        // Recorded once read, whole or not: a request still coming is not
+        // complete.
+        let mut this = Seen::default();
+        let read_one = strict::read_request(&mut read, &mut this).await;
+        let complete = this.complete;
+        let started = !this.target.is_empty() || this.violation.is_some();
+        if started && let Ok(mut seen) = log.lock() {
+            seen.push(this);
+        }
+        if read_one.is_err() || !complete {
+            return;
+        }
+        if write
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A strict HTTP/1.1 request reader, for the recording app.
+pub mod strict {
+    use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
+
+    use super::Seen;
+
+    /// Why a request was not read whole.
+    #[derive(Debug)]
+    pub enum Stop {
+        /// The connection ended, or failed.
+        Ended,
+        /// The bytes are not strict HTTP/1.1.
+        Violation(&'static str),
+    }
+
+    async fn line<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Stop> {
+        let mut line = Vec::new();
+        let n = (&mut *r)
+            .take(64 * 1024)
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(|_| Stop::Ended)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            return Err(if n >= 64 * 1024 {
+                Stop::Violation("a line over 64 KiB")
+            } else {
+                Stop::Ended
+            });
+        }
+        line.pop();
+        if line.pop() != Some(b'\r') {
+            return Err(Stop::Violation("a line ending in a bare LF"));
+        }
+        if line.contains(&b'\r') {
+            return Err(Stop::Violation("a bare CR"));
+        }
+        Ok(line)
+    }
+
+    fn token(s: &[u8]) -> bool {
+        !s.is_empty()
+            && s.iter()
+                .all(|&c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
+    }
+
+    async fn fields<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Vec<(String, Vec<u8>)>, Stop> {
+        let mut out = Vec::new();
+        loop {
+            let l = line(r).await?;
+            if l.is_empty() {
+                return Ok(out);
+            }
+            if l[0] == b' ' || l[0] == b'\t' {
+                return Err(Stop::Violation("an obs-folded line"));
+            }
+            let colon = l
+                .iter()
+                .position(|&c| c == b':')
+                .ok_or(Stop::Violation("a field line without a colon"))?;
+            if !token(&l[..colon]) {
+                return Err(Stop::Violation("a field name that is not a token"));
+            }
+            let value = l[colon + 1..].trim_ascii().to_vec();
+            if value.iter().any(|&c| c < b' ' && c != b'\t' || c == 0x7f) {
+                return Err(Stop::Violation("a control byte in a field value"));
+            }
+            out.push((
+                String::from_utf8_lossy(&l[..colon]).to_ascii_lowercase(),
+                value,
+            ));
+        }
+    }
+
+    /// Reads one request into `seen`.
+    pub async fn read_request<R: AsyncBufRead + Unpin>(
+        r: &mut R,
+        seen: &mut Seen,
+    ) -> Result<(), Stop> {
+        let result = read(r, seen).await;
+        if let Err(Stop::Violation(v)) = &result {
+            seen.violation = Some(v);
+        }
+        result
+    }
+
+    async fn read<R: AsyncBufRead + Unpin>(r: &mut R, seen: &mut Seen) -> Result<(), Stop> {
+        let l = line(r).await?;
+        let parts: Vec<&[u8]> = l.split(|&c| c == b' ').collect();
+        if parts.len() != 3 || !token(parts[0]) || parts[1].is_empty() || parts[2] != b"HTTP/1.1"
+        {
+            return Err(Stop::Violation("a request line that is not METHOD target HTTP/1.1"));
+        }
+        seen.target = String::from_utf8_lossy(parts[1]).into_owned();
+        let fields = fields(r).await?;
+        let lengths: Vec<&[u8]> = fields
+            .iter()
+            .filter(|(n, _)| n == "content-length")
+            .map(|(_, v)| v.as_slice())
+            .collect();
+        let codings: Vec<&[u8]> = fields
+            .iter()
+            .filter(|(n, _)| n == "transfer-encoding")
+            .map(|(_, v)| v.as_slice())
+            .collect();
+        match (lengths.as_slice(), codings.as_slice()) {
+            ([], []) => {}
+            ([], [b"chunked"]) => chunked(r, seen).await?,
+            ([n], []) => {
+                if n.is_empty() || n.len() > 18 || !n.iter().all(u8::is_ascii_digit) {
+                    return Err(Stop::Violation("a Content-Length that is not digits"));
+                }
+                let n: u64 = String::from_utf8_lossy(n).parse().unwrap_or(0);
+                let got = (&mut *r)
+                    .take(n)
+                    .read_to_end(&mut seen.body)
+                    .await
+                    .map_err(|_| Stop::Ended)?;
+                if (got as u64) < n {
+                    return Err(Stop::Ended);
+                }
+            }
+            (_, []) => return Err(Stop::Violation("Content-Length twice")),
+            ([], _) => return Err(Stop::Violation("a Transfer-Encoding other than chunked")),
+            _ => return Err(Stop::Violation("Content-Length with Transfer-Encoding")),
+        }
+        seen.complete = true;
+        Ok(())
+    }
+
+    async fn chunked<R: AsyncBufRead + Unpin>(r: &mut R, seen: &mut Seen) -> Result<(), Stop> {
+        loop {
+            let l = line(r).await?;
+            let size = l.split(|&c| c == b';').next().unwrap_or_default();
+            if size.is_empty() || size.len() > 15 || !size.iter().all(u8::is_ascii_hexdigit) {
+                return Err(Stop::Violation("a chunk size that is not hexadecimal"));
+            }
+            let n = u64::from_str_radix(&String::from_utf8_lossy(size), 16).unwrap_or(0);
+            if n == 0 {
+                for (name, value) in fields(r).await? {
+                    seen.trailers
+                        .push(format!("{name}: {}", String::from_utf8_lossy(&value)));
+                }
+                return Ok(());
+            }
+            let got = (&mut *r)
+                .take(n)
+                .read_to_end(&mut seen.body)
+                .await
+                .map_err(|_| Stop::Ended)?;
+            if (got as u64) < n {
+                return Err(Stop::Ended);
+            }
+            let mut end = [0u8; 2];
+            r.read_exact(&mut end).await.map_err(|_| Stop::Ended)?;
+            if &end != b"\r\n" {
+                return Err(Stop::Violation("chunk data longer than its size"));
+            }
+        }
+    }
+}
