@@ -17,16 +17,15 @@
 //! [`LEARN_FLOOR`] are not taken for a limit (an app that restarts closes
 //! its connections whatever their idle time).
 //!
-//! The limit grows back on evidence alone: the first connection to pass it
-//! is not closed at once but kept aside, never reused, as a witness of the
-//! app's idle time. Found still open after idling for `d`, it shows the
-//! app keeps connections longer than that: no connection is reused after
-//! idling for more than `d / 2` from then on (and once it has outlived
-//! [`IDLE_TIMEOUT`], the limit is forgotten); found closed, it teaches a
-//! limit as any close does. An app whose early close was a one-off (a
-//! deploy, a restart under load) or that lengthened its timeout gets its
-//! connections reused for as long again, at the cost of one idle
-//! connection held for up to [`IDLE_TIMEOUT`]; no request is risked on it.
+//! A limit learned is forgotten after [`FORGET_AFTER`] with no close to
+//! teach it again: an app whose early close was a one-off (a deploy, a
+//! restart under load) or that lengthened its timeout gets its
+//! connections reused for as long again. An app that still closes early
+//! teaches it again with the next connection it closes, found closed
+//! here (which costs nothing) or, rarely, under a request it drops (which
+//! is sent again by the rules above when that is safe). No connection is
+//! kept open past the limit to watch the app: an app that serves one
+//! connection at a time would wait on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -41,6 +40,8 @@ pub const IDLE_SWEEP: Duration = Duration::from_secs(15);
 /// The shortest idle time after which an app's close is taken for its
 /// idle limit.
 pub const LEARN_FLOOR: Duration = Duration::from_millis(500);
+/// How long a learned limit lasts with no close to teach it again.
+pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// A connection that may wait in [`Idle`].
 pub trait Pooled {
@@ -66,9 +67,8 @@ pub struct Idle<C> {
     /// announced less, or a limit was learned): until then the sweep alone
     /// keeps the 90 s, and taking a connection reads no clock.
     timed: AtomicBool,
-    /// A connection past the learned limit, kept aside (never reused) to see
-    /// how long the app keeps it.
-    witness: Mutex<Option<Entry<C>>>,
+    /// When a close last taught the limit, if one is learned.
+    taught: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug)]
@@ -88,7 +88,7 @@ impl<C: Pooled + Send + 'static> Idle<C> {
             conns: Mutex::new(Vec::new()),
             learned: AtomicU64::new(nanos(IDLE_TIMEOUT)),
             timed: AtomicBool::new(false),
-            witness: Mutex::new(None),
+            taught: Mutex::new(None),
         });
         Idle::keep_swept(Arc::downgrade(&idle));
         idle
@@ -101,17 +101,12 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         let now = self.timed.load(Ordering::Relaxed).then(Instant::now);
         let learned = self.learned();
         let mut closed_since = None;
-        let mut past_learned = None;
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         let found = loop {
             let Some(entry) = conns.pop() else { break None };
             if let Some(now) = now {
                 let idled = now.saturating_duration_since(entry.since);
-                if idled >= entry.keep {
-                    continue;
-                }
-                if idled > learned {
-                    past_learned.get_or_insert(entry);
+                if idled >= entry.keep || idled > learned {
                     continue;
                 }
             }
@@ -122,53 +117,10 @@ impl<C: Pooled + Send + 'static> Idle<C> {
             break Some((entry.conn, entry.since));
         };
         drop(conns);
-        if let Some(entry) = past_learned {
-            self.witness(entry);
-        }
         if let Some(since) = closed_since {
             self.closed_after(since.elapsed());
         }
         found
-    }
-
-    /// Keeps `entry`, past the learned limit, as the witness of the app's
-    /// idle time, unless there is one already (it is then closed).
-    fn witness(&self, entry: Entry<C>) {
-        let mut witness = self.witness.lock().unwrap_or_else(PoisonError::into_inner);
-        if witness.is_none() && !entry.conn.is_closed() {
-            *witness = Some(entry);
-        }
-    }
-
-    /// What the witness shows at `now`: closed after idling for `d`, a
-    /// limit, as any close; still open, that the app keeps connections for
-    /// longer than it idled, which half of becomes the limit (and once it
-    /// has outlived qproxy's own idle time, the limit is forgotten).
-    fn hear_witness(&self, now: Instant) {
-        let mut witness = self.witness.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(entry) = witness.as_ref() else {
-            return;
-        };
-        let idled = now.saturating_duration_since(entry.since);
-        if entry.conn.is_closed() {
-            *witness = None;
-            drop(witness);
-            self.closed_after(idled);
-            return;
-        }
-        let outlived = idled >= IDLE_TIMEOUT;
-        let limit = if outlived { IDLE_TIMEOUT } else { idled / 2 };
-        if outlived || idled >= entry.keep {
-            *witness = None;
-        }
-        drop(witness);
-        let before = self.learned.fetch_max(nanos(limit), Ordering::Relaxed);
-        if nanos(limit) > before {
-            tracing::debug!(
-                idle_limit_ms = limit.as_millis(),
-                "the app keeps idle connections longer than it was seen to: reusing them for longer"
-            );
-        }
     }
 
     /// Keeps `conn` for reuse, unless enough are kept already.
@@ -195,12 +147,14 @@ impl<C: Pooled + Send + 'static> Idle<C> {
 
     /// The app closed a connection (or dropped it under a request) that
     /// had idled for `idled`: connections are not reused past half of it
-    /// from now on, unless it is under [`LEARN_FLOOR`].
+    /// from now on (for [`FORGET_AFTER`], unless a close teaches it
+    /// again), unless it is under [`LEARN_FLOOR`].
     pub fn closed_after(&self, idled: Duration) {
         if idled < LEARN_FLOOR {
             return;
         }
         let limit = nanos(idled / 2);
+        *self.taught.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         let before = self.learned.fetch_min(limit, Ordering::Relaxed);
         if limit < before {
             self.timed.store(true, Ordering::Relaxed);
@@ -216,32 +170,37 @@ impl<C: Pooled + Send + 'static> Idle<C> {
         Duration::from_nanos(self.learned.load(Ordering::Relaxed))
     }
 
-    /// Closes the connections past their idle time.
+    /// Forgets a limit no close has taught for [`FORGET_AFTER`] by `now`.
+    fn forget(&self, now: Instant) {
+        let mut taught = self.taught.lock().unwrap_or_else(PoisonError::into_inner);
+        if taught.is_some_and(|at| now.saturating_duration_since(at) >= FORGET_AFTER) {
+            *taught = None;
+            self.learned.store(nanos(IDLE_TIMEOUT), Ordering::Relaxed);
+            tracing::debug!(
+                "no close of the app's has taught its idle limit for a while: forgotten"
+            );
+        }
+    }
+
+    /// Closes the connections past their idle time, and forgets a limit no
+    /// close has taught for a while.
     fn sweep(&self, now: Instant) {
-        self.hear_witness(now);
+        self.forget(now);
         let learned = self.learned();
         let mut closed_after = None;
-        let mut past_learned = None;
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut i = 0;
-        while i < conns.len() {
-            let entry = &conns[i];
+        conns.retain(|entry| {
             let idled = now.saturating_duration_since(entry.since);
+            if idled >= entry.keep || idled > learned {
+                return false;
+            }
             if entry.conn.is_closed() {
                 closed_after = Some(closed_after.map_or(idled, |c: Duration| c.min(idled)));
-            } else if idled < entry.keep && idled <= learned {
-                i += 1;
-                continue;
+                return false;
             }
-            let entry = conns.remove(i);
-            if idled < entry.keep && idled > learned && !entry.conn.is_closed() {
-                past_learned.get_or_insert(entry);
-            }
-        }
+            true
+        });
         drop(conns);
-        if let Some(entry) = past_learned {
-            self.witness(entry);
-        }
         if let Some(idled) = closed_after {
             self.closed_after(idled);
         }
@@ -399,50 +358,31 @@ mod tests {
         assert_eq!(idle.learned(), Duration::from_millis(600));
     }
 
-    /// The first connection to pass the learned limit is kept aside as a
-    /// witness, never taken: while the app keeps it open the limit grows,
-    /// to half of what it idled, and past qproxy's own idle time it is
-    /// forgotten; closed, it teaches a limit again.
+    /// A learned limit lasts while closes teach it again, and is forgotten
+    /// (at the sweep) once none has for [`FORGET_AFTER`]; connections past
+    /// it are closed, never kept open.
     #[tokio::test(start_paused = true)]
-    async fn the_learned_idle_time_grows_back_while_the_app_keeps_connections_longer() {
+    async fn a_learned_limit_no_close_teaches_again_is_forgotten() {
         let idle = Idle::new(10);
         idle.closed_after(Duration::from_secs(4));
         assert_eq!(idle.learned(), Duration::from_secs(2));
-        // The one used last is found first, and kept aside; the other is
-        // closed.
-        let witness = conn(2);
-        let closed = witness.closed.clone();
         idle.put(conn(1));
-        idle.put(witness);
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(idle.take().is_none(), "past the limit: none taken");
-        assert!(ports(&idle).is_empty());
-        // The sweeps at 15 s and 30 s hear the witness still open.
-        tokio::time::sleep(Duration::from_secs(13)).await;
-        assert_eq!(idle.learned(), Duration::from_millis(7_500));
-        tokio::time::sleep(Duration::from_secs(15)).await;
-        assert_eq!(idle.learned(), Duration::from_secs(15));
-        // Reused after idling for 10 s now.
-        idle.put(conn(3));
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        assert_eq!(idle.take().unwrap().0.port, 3);
-        // The app closes the witness after 41 s: heard at the sweep at
-        // 45 s, as one that idled 45 s: the limit stays what the witness
-        // showed open.
-        closed.store(true, Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(idle.learned(), Duration::from_secs(15));
-        assert!(idle.witness.lock().unwrap().is_none());
-
-        // A witness that outlives qproxy's own idle time: nothing is left
-        // learned.
-        let idle = Idle::new(10);
+        assert!(idle.take().is_none(), "past the limit");
+        assert!(ports(&idle).is_empty(), "closed, not kept");
+        // Taught again at 5 min: it lasts until 15 min.
+        tokio::time::sleep(Duration::from_secs(297)).await;
         idle.closed_after(Duration::from_secs(4));
-        idle.put(conn(4));
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(idle.take().is_none());
-        tokio::time::sleep(Duration::from_secs(90)).await;
-        assert_eq!(idle.learned(), IDLE_TIMEOUT);
-        assert!(idle.witness.lock().unwrap().is_none());
+        tokio::time::sleep(Duration::from_secs(595)).await;
+        assert_eq!(
+            idle.learned(),
+            Duration::from_secs(2),
+            "taught 9 min 55 s ago"
+        );
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(idle.learned(), IDLE_TIMEOUT, "forgotten");
+        idle.put(conn(2));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(idle.take().unwrap().0.port, 2, "reused after 10 s again");
     }
 }
