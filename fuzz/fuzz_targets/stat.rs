@@ -5,9 +5,9 @@
 
 #![no_main]
 
-use qproxy_autoscaler_client::Stat;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
+use qproxy_autoscaler_client::Stat;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(decoded) = Stat::decode(data) {

@@ -231,6 +231,13 @@ pub mod strict {
         Ok(line)
     }
 
+    fn trim_ows(s: &[u8]) -> &[u8] {
+        let ows = |c: &u8| *c == b' ' || *c == b'\t';
+        let start = s.iter().position(|c| !ows(c)).unwrap_or(s.len());
+        let end = s.iter().rposition(|c| !ows(c)).map_or(start, |e| e + 1);
+        &s[start..end]
+    }
+
     fn token(s: &[u8]) -> bool {
         !s.is_empty()
             && s.iter()
@@ -254,7 +261,8 @@ pub mod strict {
             if !token(&l[..colon]) {
                 return Err(Stop::Violation("a field name that is not a token"));
             }
-            let value = l[colon + 1..].trim_ascii().to_vec();
+            // Only SP and HTAB are whitespace around a field value.
+            let value = trim_ows(&l[colon + 1..]).to_vec();
             if value.iter().any(|&c| c < b' ' && c != b'\t' || c == 0x7f) {
                 return Err(Stop::Violation("a control byte in a field value"));
             }
@@ -280,9 +288,10 @@ pub mod strict {
     async fn read<R: AsyncBufRead + Unpin>(r: &mut R, seen: &mut Seen) -> Result<(), Stop> {
         let l = line(r).await?;
         let parts: Vec<&[u8]> = l.split(|&c| c == b' ').collect();
-        if parts.len() != 3 || !token(parts[0]) || parts[1].is_empty() || parts[2] != b"HTTP/1.1"
-        {
-            return Err(Stop::Violation("a request line that is not METHOD target HTTP/1.1"));
+        if parts.len() != 3 || !token(parts[0]) || parts[1].is_empty() || parts[2] != b"HTTP/1.1" {
+            return Err(Stop::Violation(
+                "a request line that is not METHOD target HTTP/1.1",
+            ));
         }
         seen.target = String::from_utf8_lossy(parts[1]).into_owned();
         let fields = fields(r).await?;

@@ -63,7 +63,7 @@ type recorder struct {
 	mu    sync.Mutex
 	reqs  []*wireRequest
 	conns int
-	// busy counts connections open now; partial, those holding part of a
+	// open counts connections open now; partial, those holding part of a
 	// request.
 	open    int
 	partial map[int]bool
@@ -267,12 +267,9 @@ func readChunked(br *bufio.Reader, req *wireRequest) error {
 			req.Trailers, err = readFields(br)
 			return err
 		}
-		chunk := make([]byte, n)
-		if _, err := io.ReadFull(br, chunk); err != nil {
-			req.Body = append(req.Body, chunk...)
+		if err := readBody(br, req, n); err != nil {
 			return err
 		}
-		req.Body = append(req.Body, chunk...)
 		end := make([]byte, 2)
 		if _, err := io.ReadFull(br, end); err != nil {
 			return err
@@ -281,6 +278,18 @@ func readChunked(br *bufio.Reader, req *wireRequest) error {
 			return errViolation("chunk data longer than its size")
 		}
 	}
+}
+
+// readBody reads n more bytes of req's body as they come, growing it by
+// what came (a size a proxy passed on untouched is never allocated ahead).
+func readBody(br *bufio.Reader, req *wireRequest, n int64) error {
+	var b bytes.Buffer
+	_, err := io.CopyN(&b, br, n)
+	req.Body = append(req.Body, b.Bytes()...)
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // serveH1 reads requests on an HTTP/1.1 connection, answering each whole
@@ -331,10 +340,7 @@ func readH1(br *bufio.Reader, req *wireRequest, head func()) error {
 	head()
 	switch kind {
 	case "length":
-		req.Body = make([]byte, n)
-		got, err := io.ReadFull(br, req.Body)
-		req.Body = req.Body[:got]
-		if err != nil {
+		if err := readBody(br, req, n); err != nil {
 			return err
 		}
 	case "chunked":
@@ -428,8 +434,10 @@ func (r *recorder) serveH2(id int, c net.Conn, br *bufio.Reader) {
 		}
 		r.setPartial(id, partial)
 	}
+	var ended map[uint32]bool
 	finish := func(stream uint32, s *h2Stream) {
 		delete(streams, stream)
+		ended[stream] = true
 		r.add(s.req)
 		if s.answered {
 			return
@@ -462,9 +470,30 @@ func (r *recorder) serveH2(id int, c net.Conn, br *bufio.Reader) {
 			r.add(s.req)
 		}
 	}()
+	// Streams that have ended: a frame for one again is no strict HTTP/2.
+	ended = map[uint32]bool{}
+	refuse := func(stream uint32, what string) {
+		req := &wireRequest{Proto: "h2", Conn: id, Violation: what}
+		if s, ok := streams[stream]; ok {
+			req = s.req
+			req.Violation = what
+			req.Complete = false
+			delete(streams, stream)
+		}
+		ended[stream] = true
+		r.add(req)
+		update()
+	}
 	for {
 		c.SetReadDeadline(time.Now().Add(time.Minute))
 		f, err := fr.ReadFrame()
+		var streamErr http2.StreamError
+		if errors.As(err, &streamErr) {
+			// A HEADERS block no strict reader takes (a field name in upper
+			// case, a pseudo-header out of place, ...): the framer goes on.
+			refuse(streamErr.StreamID, "a header block that is not HTTP/2: "+streamErr.Error())
+			continue
+		}
 		if err != nil {
 			for _, s := range streams {
 				if s.req.Violation == "" && !errors.Is(err, io.EOF) && !isClosed(err) {
@@ -484,6 +513,10 @@ func (r *recorder) serveH2(id int, c net.Conn, br *bufio.Reader) {
 			}
 		case *http2.MetaHeadersFrame:
 			stream := f.StreamID
+			if ended[stream] {
+				refuse(stream, "HEADERS on a stream that has ended")
+				continue
+			}
 			if s, ok := streams[stream]; ok {
 				// Trailers.
 				for _, hf := range f.RegularFields() {
@@ -520,6 +553,7 @@ func (r *recorder) serveH2(id int, c net.Conn, br *bufio.Reader) {
 		case *http2.DataFrame:
 			s, ok := streams[f.StreamID]
 			if !ok {
+				refuse(f.StreamID, "DATA on a stream that is not open")
 				continue
 			}
 			s.req.Body = append(s.req.Body, f.Data()...)
@@ -532,6 +566,7 @@ func (r *recorder) serveH2(id int, c net.Conn, br *bufio.Reader) {
 			if s, ok := streams[f.StreamID]; ok {
 				s.req.Reset = f.ErrCode.String()
 				delete(streams, f.StreamID)
+				ended[f.StreamID] = true
 				r.add(s.req)
 			}
 			update()

@@ -49,33 +49,49 @@ func TestTheAppReadsStrictHTTP(t *testing.T) {
 	}
 }
 
+// played is a case's result with the client's outcome and what the app
+// got, the proxy serving the next request as it should.
+func played(client clientSaw, app ...*wireRequest) *caseResult {
+	return &caseResult{Client: client, App: app, Next: "200 ok"}
+}
+
 func TestTheInvariantIsJudgedAsWritten(t *testing.T) {
 	c := &integCase{Kind: "request", Sent: map[string]sentRequest{"/a": {Method: "POST", Body: "hello"}}}
 	whole := &wireRequest{Method: "POST", Target: "/a", Body: []byte("hello"), Complete: true}
 	ok := clientSaw{Responses: []clientResponse{{Status: 200, Whole: true}}}
 	failed := clientSaw{Responses: []clientResponse{{Status: 502, Whole: true}}}
-	if b := breaches(c, &caseResult{Client: ok, App: []*wireRequest{whole}}); len(b) != 0 {
+	if b := breaches(c, played(ok, whole)); len(b) != 0 {
 		t.Errorf("a request delivered whole and answered: %v", b)
 	}
 	short := &wireRequest{Method: "POST", Target: "/a", Body: []byte("hel"), Complete: true}
-	if b := breaches(c, &caseResult{Client: failed, App: []*wireRequest{short}}); len(b) != 1 {
+	if b := breaches(c, played(failed, short)); len(b) != 1 {
 		t.Errorf("a request delivered with other bytes: %v", b)
 	}
 	broken := &integCase{Kind: "request"}
 	empty := &wireRequest{Method: "POST", Target: "/a", Complete: true}
-	if b := breaches(broken, &caseResult{Client: ok, App: []*wireRequest{empty}}); len(b) != 2 {
+	if b := breaches(broken, played(ok, empty)); len(b) != 2 {
 		t.Errorf("a broken request delivered complete and answered 200: %v", b)
 	}
 	unfinished := &wireRequest{Method: "POST", Target: "/a"}
-	if b := breaches(broken, &caseResult{Client: failed, App: []*wireRequest{unfinished}}); len(b) != 0 {
+	if b := breaches(broken, played(failed, unfinished)); len(b) != 0 {
 		t.Errorf("a broken request left unfinished, answered 502: %v", b)
 	}
-	if b := breaches(broken, &caseResult{Client: ok, App: []*wireRequest{unfinished}}); len(b) != 1 {
+	if b := breaches(broken, played(ok, unfinished)); len(b) != 1 {
 		t.Errorf("a broken request left unfinished, answered 200: %v", b)
+	}
+	left := played(failed, unfinished)
+	left.LeftPartial = true
+	if b := breaches(broken, left); len(b) != 1 {
+		t.Errorf("an app connection left holding part of a request: %v", b)
+	}
+	poisoned := played(failed, unfinished)
+	poisoned.Next = "502 \"EOF\""
+	if b := breaches(broken, poisoned); len(b) != 1 {
+		t.Errorf("the next request failing: %v", b)
 	}
 	response := &integCase{Kind: "response", Sent: map[string]sentRequest{"/r/x": {Method: "GET"}}}
 	get := &wireRequest{Method: "GET", Target: "/r/x", Complete: true}
-	if b := breaches(response, &caseResult{Client: ok, App: []*wireRequest{get}}); len(b) != 1 {
+	if b := breaches(response, played(ok, get)); len(b) != 1 {
 		t.Errorf("a broken response reaching the client whole: %v", b)
 	}
 }
