@@ -106,6 +106,7 @@ func integEnv(k integPlayKey, port int) ([]string, error) {
 		if err := json.Unmarshal([]byte(env["OBSERVABILITY_CONFIG"]), &o11y); err != nil {
 			return nil, err
 		}
+		o11y["enableRequestLog"] = true
 		o11y["requestLogTemplate"] = requestLogTemplate
 		doc, _ := json.Marshal(o11y)
 		env["OBSERVABILITY_CONFIG"] = string(doc)
@@ -400,6 +401,11 @@ func breaches(c *integCase, r *caseResult) []string {
 	case "response":
 		if r.Client.wholeResponse() {
 			out = append(out, "the client got the app's broken answer whole")
+		}
+		// So that the comparison of request logs with Go's is not of two
+		// empty lists.
+		if len(r.Logged) == 0 {
+			out = append(out, "no request log line for the case")
 		}
 	}
 	return out

@@ -91,7 +91,9 @@ func TestTheInvariantIsJudgedAsWritten(t *testing.T) {
 	}
 	response := &integCase{Kind: "response", Sent: map[string]sentRequest{"/r/x": {Method: "GET"}}}
 	get := &wireRequest{Method: "GET", Target: "/r/x", Complete: true}
-	if b := breaches(response, played(ok, get)); len(b) != 1 {
+	broke := played(ok, get)
+	broke.Logged = []string{"RL /r/x 500 0"}
+	if b := breaches(response, broke); len(b) != 1 {
 		t.Errorf("a broken response reaching the client whole: %v", b)
 	}
 }
