@@ -26,10 +26,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use qproxy::Config;
-use qproxy::config::knative_defaults;
 use qproxy::fuzz::MainPort;
-use qproxy_fuzz::{generation, stub_app};
+use qproxy_fuzz::{main_ports, paused_runtime, stub_app};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 
@@ -44,26 +42,10 @@ struct World {
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
     WORLD.get_or_init(|| {
-        // libFuzzer's `main` is not Rust's, which ignores SIGPIPE as the
-        // qproxy binary does: a write to a socket the peer closed must be an
-        // error, not the end of the process.
-        // SAFETY: setting a signal's disposition to "ignore" before any
-        // other thread of ours runs.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("a runtime");
+        let runtime = paused_runtime();
         let ports = runtime.block_on(async {
             let app = stub_app().await.expect("the stub app listens");
-            let port = |selector: u8, concurrency: &str| {
-                let mut vars = knative_defaults(generation(selector), app.port());
-                vars.set("CONTAINER_CONCURRENCY", concurrency);
-                let config = Config::from_vars(&vars).expect("Knative's defaults parse");
-                MainPort::new(&config).expect("the main port builds")
-            };
-            [port(0, "0"), port(1, "1")]
+            main_ports(app)
         });
         World { runtime, ports }
     })

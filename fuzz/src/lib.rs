@@ -14,6 +14,35 @@ use hyper_util::server::conn::auto;
 use qproxy::config::{Generation, Vars, knative_defaults};
 use tokio::net::TcpListener;
 
+/// The runtime the whole-connection targets run in: one thread, time
+/// paused (the clock moves only when every task waits, so that timeouts
+/// fire without waiting). libFuzzer's `main` is not Rust's, which ignores
+/// SIGPIPE as the qproxy binary does: it is ignored here, so that a write
+/// to a socket the peer closed is an error, not the end of the process.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    // SAFETY: setting a signal's disposition to "ignore" before any other
+    // thread of ours runs (the targets call this first, once).
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
+/// The main ports the whole-connection targets drive, in front of the app
+/// on `app`: classic Knative's with no limit, current Knative's with
+/// `containerConcurrency` 1 (a fuzz input's selector bit picks one).
+pub fn main_ports(app: SocketAddr) -> [qproxy::fuzz::MainPort; 2] {
+    let port = |selector: u8, concurrency: &str| {
+        let mut vars = knative_defaults(generation(selector), app.port());
+        vars.set("CONTAINER_CONCURRENCY", concurrency);
+        let config = qproxy::Config::from_vars(&vars).expect("Knative's defaults parse");
+        qproxy::fuzz::MainPort::new(&config).expect("the main port builds")
+    };
+    [port(0, "0"), port(1, "1")]
+}
+
 /// The generation a fuzz input's first byte picks (its lowest bit).
 pub fn generation(selector: u8) -> Generation {
     if selector & 1 == 0 {
@@ -313,20 +342,26 @@ pub mod strict {
                     return Err(Stop::Violation("a Content-Length that is not digits"));
                 }
                 let n: u64 = String::from_utf8_lossy(n).parse().unwrap_or(0);
-                let got = (&mut *r)
-                    .take(n)
-                    .read_to_end(&mut seen.body)
-                    .await
-                    .map_err(|_| Stop::Ended)?;
-                if (got as u64) < n {
-                    return Err(Stop::Ended);
-                }
+                body(r, n, seen).await?;
             }
             (_, []) => return Err(Stop::Violation("Content-Length twice")),
             ([], _) => return Err(Stop::Violation("a Transfer-Encoding other than chunked")),
             _ => return Err(Stop::Violation("Content-Length with Transfer-Encoding")),
         }
         seen.complete = true;
+        Ok(())
+    }
+
+    /// Reads `n` more bytes of the body into `seen`, as they come.
+    async fn body<R: AsyncBufRead + Unpin>(r: &mut R, n: u64, seen: &mut Seen) -> Result<(), Stop> {
+        let got = (&mut *r)
+            .take(n)
+            .read_to_end(&mut seen.body)
+            .await
+            .map_err(|_| Stop::Ended)?;
+        if (got as u64) < n {
+            return Err(Stop::Ended);
+        }
         Ok(())
     }
 
@@ -345,14 +380,7 @@ pub mod strict {
                 }
                 return Ok(());
             }
-            let got = (&mut *r)
-                .take(n)
-                .read_to_end(&mut seen.body)
-                .await
-                .map_err(|_| Stop::Ended)?;
-            if (got as u64) < n {
-                return Err(Stop::Ended);
-            }
+            body(r, n, seen).await?;
             let mut end = [0u8; 2];
             r.read_exact(&mut end).await.map_err(|_| Stop::Ended)?;
             if &end != b"\r\n" {

@@ -13,7 +13,6 @@ package main
 // mostly waiting (an app's idle timer, a drain).
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -174,48 +173,20 @@ type failChild struct {
 // playFailureIsolated plays c against one proxy in a child process in a
 // network namespace of its own.
 func playFailureIsolated(c failCase, gen string, pr proxy, logs string) (Counts, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	arg, _ := json.Marshal(failChild{c.Name, gen, pr.name, pr.bin, logs})
-	cmd := exec.Command(self, "-"+failChildFlag, string(arg))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("child play: %v: %s", err, strings.TrimSpace(errOut.String()))
-	}
 	var counts Counts
-	if err := json.Unmarshal([]byte(out.String()), &counts); err != nil {
-		return nil, fmt.Errorf("child play: %v", err)
-	}
-	return counts, nil
+	err := inNamespace(failChildFlag, failChild{c.Name, gen, pr.name, pr.bin, logs}, &counts)
+	return counts, err
 }
 
-// runFailChild is the child's side: bring the namespace's loopback up,
-// play, print the counts as JSON.
+// runFailChild is the child's side of playFailureIsolated.
 func runFailChild(arg string) int {
-	var c failChild
-	if err := json.Unmarshal([]byte(arg), &c); err != nil {
-		fmt.Fprintln(os.Stderr, "failures: child play:", err)
-		return 2
-	}
-	if err := loopbackUp(); err != nil {
-		fmt.Fprintln(os.Stderr, "failures: loopback:", err)
-		return 2
-	}
-	fc, ok := findFailCase(c.Case)
-	if !ok {
-		fmt.Fprintln(os.Stderr, "failures: no case", c.Case)
-		return 2
-	}
-	counts := playFailure(fc, c.Gen, proxy{c.Proxy, c.Bin}, c.Logs)
-	if err := json.NewEncoder(os.Stdout).Encode(counts); err != nil {
-		fmt.Fprintln(os.Stderr, "failures:", err)
-		return 2
-	}
-	return 0
+	return childSide("failures", arg, func(c failChild) (any, error) {
+		fc, ok := findFailCase(c.Case)
+		if !ok {
+			return nil, fmt.Errorf("no case %s", c.Case)
+		}
+		return playFailure(fc, c.Gen, proxy{c.Proxy, c.Bin}, c.Logs), nil
+	})
 }
 
 func findFailCase(name string) (failCase, bool) {

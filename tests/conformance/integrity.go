@@ -40,7 +40,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -314,45 +313,19 @@ func labelValue(name, label string) string {
 	return value
 }
 
-// runIntegChild is the child's side: bring the namespace's loopback up,
-// play, print the results as JSON.
+// runIntegChild is the child's side of playIntegrityIsolated.
 func runIntegChild(arg string) int {
-	var k integPlayKey
-	if err := json.Unmarshal([]byte(arg), &k); err != nil {
-		fmt.Fprintln(os.Stderr, "integrity: child play:", err)
-		return 2
-	}
-	if err := loopbackUp(); err != nil {
-		fmt.Fprintln(os.Stderr, "integrity: loopback:", err)
-		return 2
-	}
-	if err := json.NewEncoder(os.Stdout).Encode(playIntegrity(k)); err != nil {
-		fmt.Fprintln(os.Stderr, "integrity:", err)
-		return 2
-	}
-	return 0
+	return childSide("integrity", arg, func(k integPlayKey) (any, error) {
+		return playIntegrity(k), nil
+	})
 }
 
 // playIntegrityIsolated plays k in a child process in a network namespace
 // of its own.
 func playIntegrityIsolated(k integPlayKey) (map[string]*caseResult, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	arg, _ := json.Marshal(k)
-	cmd := exec.Command(self, "-"+integChildFlag, string(arg))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("child play: %v: %s", err, strings.TrimSpace(errOut.String()))
-	}
 	var results map[string]*caseResult
-	if err := json.Unmarshal([]byte(out.String()), &results); err != nil {
-		return nil, fmt.Errorf("child play: %v", err)
-	}
-	return results, nil
+	err := inNamespace(integChildFlag, k, &results)
+	return results, err
 }
 
 // breaches are what of r breaks the invariant for case c.

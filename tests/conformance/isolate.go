@@ -136,6 +136,56 @@ func runChild(arg string) int {
 	return 0
 }
 
+// inNamespace runs this program with the hidden flag and arg, as JSON, in a
+// child process in a network namespace of its own (gone with the runner),
+// and decodes what the child prints into out: the failure-mode and
+// integrity suites' plays.
+func inNamespace(flag string, arg, out any) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	doc, err := json.Marshal(arg)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, "-"+flag, string(doc))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("child play: %v: %s", err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
+		return fmt.Errorf("child play: %v", err)
+	}
+	return nil
+}
+
+// childSide is the child's side of inNamespace: arg decoded, the
+// namespace's loopback brought up, what play returns printed as JSON; its
+// errors, named by suite, exit 2.
+func childSide[T any](suite, arg string, play func(T) (any, error)) int {
+	var in T
+	if err := json.Unmarshal([]byte(arg), &in); err != nil {
+		fmt.Fprintln(os.Stderr, suite+": child play:", err)
+		return 2
+	}
+	if err := loopbackUp(); err != nil {
+		fmt.Fprintln(os.Stderr, suite+": loopback:", err)
+		return 2
+	}
+	out, err := play(in)
+	if err == nil {
+		err = json.NewEncoder(os.Stdout).Encode(out)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, suite+":", err)
+		return 2
+	}
+	return 0
+}
+
 // loopbackUp brings up the loopback interface of this process's network
 // namespace (a new namespace has it down), as `ip link set lo up` does.
 func loopbackUp() error {

@@ -190,16 +190,21 @@ mod tests {
         ))))
     }
 
-    /// Classic Knative's request metrics of a revision.
-    fn classic() -> OpenCensusMetrics {
-        OpenCensusMetrics::new(&Revision {
+    /// The revision the tests measure.
+    fn revision() -> Revision {
+        Revision {
             namespace: "default".into(),
             service: "hello".into(),
             configuration: "hello".into(),
             name: "hello-00001".into(),
             pod: "pod1".into(),
             pod_ip: "127.0.0.1".into(),
-        })
+        }
+    }
+
+    /// Classic Knative's request metrics of a revision.
+    fn classic() -> OpenCensusMetrics {
+        OpenCensusMetrics::new(&revision())
     }
 
     /// The requests counted with each status, as Prometheus reads them.
@@ -255,15 +260,7 @@ mod tests {
     /// the request to the queue-proxy not at all.
     #[tokio::test]
     async fn a_body_cut_off_is_counted_in_current_knative_as_its_handlers_count_it() {
-        let revision = Revision {
-            namespace: "default".into(),
-            service: "hello".into(),
-            configuration: "hello".into(),
-            name: "hello-00001".into(),
-            pod: "pod1".into(),
-            pod_ip: "127.0.0.1".into(),
-        };
-        let m = OtelMetrics::prometheus(&revision, &Default::default(), 8080);
+        let m = OtelMetrics::prometheus(&revision(), &Default::default(), 8080);
         let metrics = Some(UserMetrics::Current(m.clone()));
         let stack = MetricsLayer::revision(metrics.clone())
             .layer(MetricsLayer::app(metrics, None).layer(service_fn(answer)));
