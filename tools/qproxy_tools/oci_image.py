@@ -17,8 +17,17 @@ Each has one layer: the binary and deploy/rootfs's /etc/passwd and
 /etc/group. Every timestamp is SOURCE_DATE_EPOCH (0 when unset), so the
 same binary gives the same bytes.
 
+With `--platform ARCH=PATH` for each of several architectures, the
+archive is one image index with a manifest per platform, which containerd
+(`ctr images import --all-platforms`, `kind load image-archive`) and
+`skopeo copy --all` read whole, and from which a node's containerd picks
+its own platform. Docker's `manifest.json` lists the first platform's
+image only: without its containerd image store, `docker load` takes that
+one.
+
 Usage: oci_image.py --binary PATH --out ARCHIVE [--image qproxy|qproxy-accel]
                     [--tag NAME:TAG] [--arch amd64] [--version V]
+       oci_image.py --platform ARCH=PATH [--platform ARCH=PATH ...] --out ARCHIVE ...
 """
 
 import argparse
@@ -121,10 +130,19 @@ def canonical(obj):
 
 
 def build(binary, image, tag, arch, version, mtime):
-    """Returns the archive's files, path -> bytes, in the order they are written."""
+    """Returns the archive's files, path -> bytes, in the order they are
+    written, and the compressed layer's size."""
+    files, sizes = build_index({arch: binary}, image, tag, version, mtime)
+    return files, sizes[arch]
+
+
+def build_index(binaries, image, tag, version, mtime):
+    """The archive of one image index with a manifest per platform,
+    `binaries` mapping each architecture to its binary (the first is the
+    one Docker's manifest.json names); returns its files, path -> bytes, in
+    the order they are written, and each compressed layer's size by
+    architecture."""
     kind = IMAGES[image]
-    with open(binary, "rb") as f:
-        entries = user_files() + [(image, f.read(), 0o755)]
     config = {
         "User": kind["user"],
         **({"Env": kind["env"]} if "env" in kind else {}),
@@ -137,7 +155,25 @@ def build(binary, image, tag, arch, version, mtime):
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.licenses": "Apache-2.0",
     }
-    return archive_files(entries, config, labels, tag, arch, mtime, "deploy/build-image.sh")
+    images = []
+    for arch, binary in binaries.items():
+        with open(binary, "rb") as f:
+            entries = user_files() + [(image, f.read(), 0o755)]
+        images.append(image_blobs(entries, config, labels, arch, mtime, "deploy/build-image.sh"))
+    return index_files(images, tag), {i.arch: len(i.layer) for i in images}
+
+
+class Image:
+    """One platform's image: its config, manifest and compressed layer."""
+
+    def __init__(self, arch, config, manifest, layer):
+        self.arch, self.config, self.manifest, self.layer = arch, config, manifest, layer
+
+
+def platform(arch):
+    """The OCI platform of an architecture: arm64 with the variant v8, as
+    Docker and containerd name it."""
+    return {"architecture": arch, "os": "linux", **({"variant": "v8"} if arch == "arm64" else {})}
 
 
 def archive_files(entries, config, labels, tag, arch, mtime, created_by):
@@ -145,6 +181,12 @@ def archive_files(entries, config, labels, tag, arch, mtime, created_by):
     `config` (the image config's User, Env, Entrypoint, Cmd,
     ExposedPorts); returns the archive's files, path -> bytes, in the order
     they are written, and the compressed layer's size."""
+    image = image_blobs(entries, config, labels, arch, mtime, created_by)
+    return index_files([image], tag), len(image.layer)
+
+
+def image_blobs(entries, config, labels, arch, mtime, created_by):
+    """The blobs of an image for `arch` of one layer holding `entries`."""
     rootfs = layer(entries, mtime)
     compressed = io.BytesIO()
     with gzip.GzipFile(fileobj=compressed, mode="wb", mtime=0) as gz:
@@ -154,8 +196,7 @@ def archive_files(entries, config, labels, tag, arch, mtime, created_by):
     created = datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     config = canonical(
         {
-            "architecture": arch,
-            "os": "linux",
+            **platform(arch),
             "created": created,
             "config": {**config, "WorkingDir": "/", "Labels": labels},
             "rootfs": {"type": "layers", "diff_ids": [digest(rootfs)]},
@@ -180,6 +221,12 @@ def archive_files(entries, config, labels, tag, arch, mtime, created_by):
             ],
         }
     )
+    return Image(arch, config, manifest, compressed)
+
+
+def index_files(images, tag):
+    """The archive's files for `images`, one index naming them all under
+    `tag`, in the order they are written."""
     index = canonical(
         {
             "schemaVersion": 2,
@@ -187,14 +234,15 @@ def archive_files(entries, config, labels, tag, arch, mtime, created_by):
             "manifests": [
                 {
                     "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": digest(manifest),
-                    "size": len(manifest),
-                    "platform": {"architecture": arch, "os": "linux"},
+                    "digest": digest(image.manifest),
+                    "size": len(image.manifest),
+                    "platform": platform(image.arch),
                     "annotations": {
                         "io.containerd.image.name": qualified(tag),
                         "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
                     },
                 }
+                for image in images
             ],
         }
     )
@@ -202,20 +250,28 @@ def archive_files(entries, config, labels, tag, arch, mtime, created_by):
     def blob(data):
         return "blobs/sha256/" + hashlib.sha256(data).hexdigest()
 
-    docker_manifest = canonical([{"Config": blob(config), "RepoTags": [tag], "Layers": [blob(compressed)]}])
-    return [
+    first = images[0]
+    docker_manifest = canonical([{"Config": blob(first.config), "RepoTags": [tag], "Layers": [blob(first.layer)]}])
+    files = [
         ("oci-layout", canonical({"imageLayoutVersion": "1.0.0"})),
         ("index.json", index),
         ("manifest.json", docker_manifest),
-        (blob(config), config),
-        (blob(manifest), manifest),
-        (blob(compressed), compressed),
-    ], len(compressed)
+    ]
+    for image in images:
+        files += [(blob(data), data) for data in (image.config, image.manifest, image.layer)]
+    return files
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", required=True, help="the static binary")
+    parser.add_argument("--binary", help="the static binary, for --arch")
+    parser.add_argument(
+        "--platform",
+        action="append",
+        default=[],
+        metavar="ARCH=PATH",
+        help="a platform's static binary (repeated: one image index with a manifest per platform)",
+    )
     parser.add_argument("--image", default="qproxy", choices=sorted(IMAGES), help="which image")
     parser.add_argument("--out", required=True, help="the archive to write")
     parser.add_argument("--tag", default="qproxy:latest", help="image name and tag")
@@ -224,9 +280,13 @@ def main():
     args = parser.parse_args()
 
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    files, layer_size = build(args.binary, args.image, args.tag, args.arch, args.version, mtime)
+    if bool(args.binary) == bool(args.platform):
+        parser.error("give --binary, or --platform ARCH=PATH for each platform")
+    binaries = {args.arch: args.binary} if args.binary else dict(p.split("=", 1) for p in args.platform)
+    files, sizes = build_index(binaries, args.image, args.tag, args.version, mtime)
     write_archive(args.out, files, mtime)
-    print(f"{args.out}: {args.tag}, compressed layer {layer_size} bytes", file=sys.stderr)
+    layers = ", ".join(f"{arch} {size} bytes" for arch, size in sizes.items())
+    print(f"{args.out}: {args.tag}, compressed layer: {layers}", file=sys.stderr)
 
 
 def write_archive(out, files, mtime):

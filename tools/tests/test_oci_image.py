@@ -67,3 +67,42 @@ def test_the_archive_is_written_whole(tmp_path):
     oci_image.write_archive(str(out), files, 0)
     with tarfile.open(out) as tar:
         assert [m.name for m in tar.getmembers() if m.isfile()] == [path for path, _ in files]
+
+
+def index_of(tmp_path, arches):
+    binaries = {}
+    for arch in arches:
+        binary = tmp_path / f"bin-{arch}"
+        binary.write_bytes(b"\x7fELF for " + arch.encode())
+        binaries[arch] = str(binary)
+    files, sizes = oci_image.build_index(binaries, "qproxy", "qproxy:1.0", "1.0", 0)
+    return dict(files), sizes
+
+
+def test_an_index_has_a_manifest_per_platform_each_with_its_own_binary(tmp_path):
+    files, sizes = index_of(tmp_path, ["amd64", "arm64", "ppc64le"])
+    assert set(sizes) == {"amd64", "arm64", "ppc64le"}
+    index = json.loads(files["index.json"])
+    platforms = [m["platform"] for m in index["manifests"]]
+    assert platforms == [
+        {"architecture": "amd64", "os": "linux"},
+        {"architecture": "arm64", "os": "linux", "variant": "v8"},
+        {"architecture": "ppc64le", "os": "linux"},
+    ]
+    for entry in index["manifests"]:
+        manifest = json.loads(files["blobs/sha256/" + entry["digest"][7:]])
+        config = json.loads(files["blobs/sha256/" + manifest["config"]["digest"][7:]])
+        assert config["architecture"] == entry["platform"]["architecture"]
+        layer = files["blobs/sha256/" + manifest["layers"][0]["digest"][7:]]
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as tar:
+            binary = tar.extractfile("qproxy").read()
+        assert binary == b"\x7fELF for " + entry["platform"]["architecture"].encode()
+    assert index_of(tmp_path, ["amd64", "arm64", "ppc64le"])[0] == files, "the same bytes again"
+
+
+def test_docker_s_manifest_names_the_first_platform(tmp_path):
+    files, _ = index_of(tmp_path, ["arm64", "amd64"])
+    [entry] = json.loads(files["manifest.json"])
+    config = json.loads(files[entry["Config"]])
+    assert config["architecture"] == "arm64"
+    assert entry["RepoTags"] == ["qproxy:1.0"]
