@@ -225,38 +225,59 @@ def image_blobs(entries, config, labels, arch, mtime, created_by):
 
 
 def index_files(images, tag):
-    """The archive's files for `images`, one index naming them all under
-    `tag`, in the order they are written."""
-    index = canonical(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [
-                {
-                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": digest(image.manifest),
-                    "size": len(image.manifest),
-                    "platform": platform(image.arch),
-                    "annotations": {
-                        "io.containerd.image.name": qualified(tag),
-                        "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
-                    },
-                }
-                for image in images
-            ],
+    """The archive's files for `images`, named `tag`, in the order they are
+    written. One image's manifest is named by index.json itself; several
+    are listed, each with its platform, in an image index of their own
+    (a blob), which index.json names, as BuildKit writes a multi-platform
+    image: one image in the layout, whose platforms a runtime picks from."""
+    annotations = {
+        "io.containerd.image.name": qualified(tag),
+        "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
+    }
+
+    def listed(image):
+        return {
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest(image.manifest),
+            "size": len(image.manifest),
+            "platform": platform(image.arch),
         }
-    )
 
     def blob(data):
         return "blobs/sha256/" + hashlib.sha256(data).hexdigest()
 
+    nested = []
+    if len(images) == 1:
+        top = {**listed(images[0]), "annotations": annotations}
+    else:
+        platforms = canonical(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": [listed(image) for image in images],
+            }
+        )
+        nested = [(blob(platforms), platforms)]
+        top = {
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": digest(platforms),
+            "size": len(platforms),
+            "annotations": annotations,
+        }
+    index = canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [top],
+        }
+    )
     first = images[0]
     docker_manifest = canonical([{"Config": blob(first.config), "RepoTags": [tag], "Layers": [blob(first.layer)]}])
     files = [
         ("oci-layout", canonical({"imageLayoutVersion": "1.0.0"})),
         ("index.json", index),
         ("manifest.json", docker_manifest),
-    ]
+    ] + nested
     for image in images:
         files += [(blob(data), data) for data in (image.config, image.manifest, image.layer)]
     return files

@@ -82,7 +82,10 @@ def index_of(tmp_path, arches):
 def test_an_index_has_a_manifest_per_platform_each_with_its_own_binary(tmp_path):
     files, sizes = index_of(tmp_path, ["amd64", "arm64", "ppc64le"])
     assert set(sizes) == {"amd64", "arm64", "ppc64le"}
-    index = json.loads(files["index.json"])
+    [top] = json.loads(files["index.json"])["manifests"]
+    assert top["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    assert top["annotations"]["io.containerd.image.name"] == "docker.io/library/qproxy:1.0"
+    index = json.loads(files["blobs/sha256/" + top["digest"][7:]])
     platforms = [m["platform"] for m in index["manifests"]]
     assert platforms == [
         {"architecture": "amd64", "os": "linux"},
