@@ -155,10 +155,13 @@ fn seconds(query: Option<&str>) -> u64 {
 
 /// Samples the process for `length`, then builds the gzipped pprof.
 async fn profile(length: Duration) -> Result<Vec<u8>, ProfileError> {
-    let guard = pprof::ProfilerGuardBuilder::default()
-        .frequency(FREQUENCY)
-        .blocklist(&["libc", "libgcc", "pthread", "vdso"])
-        .build()?;
+    let builder = pprof::ProfilerGuardBuilder::default().frequency(FREQUENCY);
+    // Samples are not unwound into these libraries where they are shared
+    // objects (a dynamically linked build); pprof offers it on these
+    // architectures only, and the image's static binary has none of them.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let builder = builder.blocklist(&["libc", "libgcc", "pthread", "vdso"]);
+    let guard = builder.build()?;
     tracing::debug!(seconds = length.as_secs(), "CPU profile started");
     tokio::time::sleep(length).await;
     // Symbolizing is CPU work: off the reactor.
