@@ -299,6 +299,8 @@ where
         out.whole = Bytes::new();
     }
     let mut reads = 0;
+    // How much of the buffer is known to hold no end of a head.
+    let mut scanned = 0;
     let mut uploading = out.stream.is_some();
     let mut upload_broke = false;
     let link = &mut *conn.0;
@@ -315,14 +317,17 @@ where
                     Uploaded::Pending => {}
                 }
             }
-            if !link.buf.is_empty() {
+            if head_may_end(&link.buf, &mut scanned) {
                 match parse(&mut link.buf, &out.method, headers)? {
                     ResponseParse::Final(mut head) => {
                         head.one_read = reads == 1;
                         return Poll::Ready(Ok(head));
                     }
                     // Informational answers are skipped, as hyper skips them.
-                    ResponseParse::Informational => continue,
+                    ResponseParse::Informational => {
+                        scanned = 0;
+                        continue;
+                    }
                     ResponseParse::Partial => {}
                 }
             }
@@ -426,6 +431,29 @@ fn parse_error(e: httparse::Error) -> ExchangeError {
         | httparse::Error::NewLine
         | httparse::Error::Token => "invalid HTTP header parsed",
     })
+}
+
+/// Whether `buf` may hold a whole head: a blank line (`\n\n` or
+/// `\n\r\n`) at or after `*scanned`, which moves on past what holds none.
+/// A head that comes in many reads is searched once, then parsed once,
+/// instead of being parsed again from its start at every read (a head of a
+/// megabyte would be parsed hundreds of times).
+fn head_may_end(buf: &[u8], scanned: &mut usize) -> bool {
+    let mut from = (*scanned).min(buf.len());
+    while let Some(at) = buf[from..].iter().position(|&b| b == b'\n') {
+        let line_end = from + at;
+        match &buf[line_end + 1..] {
+            [b'\n', ..] | [b'\r', b'\n', ..] => return true,
+            // Too short to tell yet: looked at again after the next read.
+            [] | [b'\r'] => {
+                *scanned = line_end;
+                return false;
+            }
+            _ => from = line_end + 1,
+        }
+    }
+    *scanned = buf.len();
+    false
 }
 
 /// Byte ranges of a header line's name and value within the head.
@@ -661,6 +689,55 @@ mod tests {
             );
         }
         req
+    }
+
+    #[test]
+    fn the_end_of_a_head_is_found_in_every_split_of_its_reads() {
+        let heads: [&[u8]; 4] = [
+            b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nbody",
+            b"HTTP/1.1 200 OK\nA: b\n\nbody",
+            b"HTTP/1.1 200 OK\r\nA: b\n\r\n",
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+        ];
+        for whole in heads {
+            // Where the head ends: the first byte after its blank line.
+            let end = (1..=whole.len())
+                .find(|&n| {
+                    matches!(
+                        httparse::Response::new(&mut [httparse::EMPTY_HEADER; 4])
+                            .parse(&whole[..n]),
+                        Ok(httparse::Status::Complete(_))
+                    )
+                })
+                .unwrap();
+            for first in 0..=whole.len() {
+                for second in first..=whole.len() {
+                    let mut scanned = 0;
+                    let mut found = None;
+                    for upto in [first, second, whole.len()] {
+                        if found.is_none() && head_may_end(&whole[..upto], &mut scanned) {
+                            found = Some(upto);
+                        }
+                    }
+                    let found = found.unwrap();
+                    assert!(
+                        found >= end,
+                        "{whole:?} split {first}/{second}: found at {found}, ends at {end}"
+                    );
+                    assert_eq!(
+                        found,
+                        [first, second, whole.len()]
+                            .into_iter()
+                            .find(|&u| u >= end)
+                            .unwrap()
+                    );
+                }
+            }
+        }
+        let mut scanned = 0;
+        assert!(!head_may_end(b"HTTP/1.1 200 OK\r\nA: b\r\n", &mut scanned));
+        assert!(scanned > 0);
+        assert!(!head_may_end(b"", &mut scanned));
     }
 
     #[test]
