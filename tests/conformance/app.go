@@ -214,17 +214,11 @@ func (a *App) serve(w http.ResponseWriter, r *http.Request) {
 	case "crash":
 		// The app dies mid-response: head and part of the body, then the
 		// connection is cut.
-		hj, ok := w.(http.Hijacker)
-		if !ok {
-			panic(http.ErrAbortHandler)
-		}
-		conn, buf, err := hj.Hijack()
-		if err != nil {
-			return
-		}
-		buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 100\r\nContent-Type: text/plain\r\n\r\npartial")
-		buf.Flush()
-		conn.Close()
+		writeAndClose(w, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nContent-Type: text/plain\r\n\r\npartial")
+	case "http10":
+		// An app that answers in HTTP/1.0 (Python's http.server does by
+		// default) and closes its connection after, as HTTP/1.0 does.
+		writeAndClose(w, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\nhello\n")
 	case "crash-before":
 		// The app dies before answering.
 		hj, ok := w.(http.Hijacker)
@@ -254,6 +248,22 @@ func (a *App) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "hello")
 	}
+}
+
+// writeAndClose takes the connection from Go's server, writes raw on it,
+// and closes it.
+func writeAndClose(w http.ResponseWriter, raw string) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		panic(http.ErrAbortHandler)
+	}
+	conn, buf, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	buf.WriteString(raw)
+	buf.Flush()
+	conn.Close()
 }
 
 // Describe turns what the app saw into observation fields.

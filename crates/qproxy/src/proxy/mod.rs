@@ -397,9 +397,15 @@ fn answer(
 }
 
 /// The app's response head, as Go's reverse proxy passes it on:
-/// hop-by-hop headers removed, the standard reason phrase.
+/// hop-by-hop headers removed, the standard reason phrase, the proxy's own
+/// protocol version (an app's `HTTP/1.0` answer goes to an HTTP/1.1 client
+/// as `HTTP/1.1`, its connection kept alive, as Go's server writes it; an
+/// HTTP/1.0 client still gets `HTTP/1.0`).
 fn pass_on<B>(res: &mut Response<B>) {
     hop::prepare_response(res.headers_mut());
+    if res.version() == Version::HTTP_10 {
+        *res.version_mut() = Version::HTTP_11;
+    }
     // Go's server writes the standard reason phrase, whatever the app's.
     res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
 }
