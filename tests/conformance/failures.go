@@ -236,7 +236,7 @@ func (r *failResult) judge() {
 	}
 }
 
-// runFailures plays every failure case (or those whose name contains
+// runFailures plays every failure case (or those whose name matches
 // only) against both proxies, writes the report, and says whether the
 // suite passed.
 func runFailures(generations []Generation, bin, logs, report, only string, isolate bool) bool {
@@ -244,7 +244,7 @@ func runFailures(generations []Generation, bin, logs, report, only string, isola
 	var wg sync.WaitGroup
 	start := time.Now()
 	for _, c := range failCases() {
-		if only != "" && !strings.Contains(c.Name, only) {
+		if only != "" && !nameMatches(c.Name, only) {
 			continue
 		}
 		for _, g := range generations {
@@ -292,7 +292,7 @@ func runFailures(generations []Generation, bin, logs, report, only string, isola
 	}
 	fmt.Fprintf(&out, "\nWhat each case does:\n\n")
 	for _, c := range failCases() {
-		if only != "" && !strings.Contains(c.Name, only) {
+		if only != "" && !nameMatches(c.Name, only) {
 			continue
 		}
 		fmt.Fprintf(&out, "- `%s` (%s): %s\n", c.Name, c.Issues, c.What)

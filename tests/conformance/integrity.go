@@ -495,7 +495,7 @@ func describeApp(r *caseResult) string {
 	return strings.Join(parts, ", ")
 }
 
-// runIntegrity plays every case (or those whose name contains only) in
+// runIntegrity plays every case (or those whose name matches only) in
 // every play, writes the report, and says whether qproxy kept the
 // invariant and was never laxer than Go.
 func runIntegrity(generations []Generation, bin, logs, report, only string) bool {
@@ -545,7 +545,7 @@ func runIntegrity(generations []Generation, bin, logs, report, only string) bool
 		}
 		for ci := range cases {
 			c := &cases[ci]
-			if only != "" && !strings.Contains(c.Name, only) {
+			if only != "" && !nameMatches(c.Name, only) {
 				continue
 			}
 			played++
@@ -609,11 +609,11 @@ func runIntegrity(generations []Generation, bin, logs, report, only string) bool
 	return failed == 0
 }
 
-// casesMatching are the cases whose name contains only.
+// casesMatching are the cases whose name matches only.
 func casesMatching(only string) []integCase {
 	var out []integCase
 	for _, c := range integCases() {
-		if only == "" || strings.Contains(c.Name, only) {
+		if only == "" || nameMatches(c.Name, only) {
 			out = append(out, c)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -91,7 +92,7 @@ func main() {
 	expectedFile := flag.String("expected", "expected.yaml", "the known differences, explained")
 	differencesDoc := flag.String("differences", "", "write the known differences as Markdown to this file, and exit")
 	report := flag.String("report", "../../target/conformance/report.md", "where to write the report")
-	only := flag.String("only", "", "run the scenarios whose name contains this")
+	only := flag.String("only", "", "run the scenarios (or the failure or integrity cases) whose name matches this regular expression")
 	isolate := flag.Bool("isolate", true, "play each run in a network namespace of its own, a scenario's runs at once (needs root; without it, one run at a time)")
 	scenariosAtOnce := flag.Int("scenarios-at-once", 3, "with -isolate, how many scenarios are played at once (their results still come in order)")
 	child := flag.String(childFlag, "", "(internal: one run, in the namespace the runner made for it)")
@@ -100,6 +101,10 @@ func main() {
 	integritySuite := flag.Bool("integrity", false, "play the integrity suite (integrity.go) instead of the scenarios; the report goes to ../../target/conformance/integrity.md")
 	integChild := flag.String(integChildFlag, "", "(internal: one play of the integrity suite, in the namespace the runner made for it)")
 	flag.Parse()
+	if _, err := regexp.Compile(*only); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance: -only:", err)
+		os.Exit(2)
+	}
 	if *integChild != "" {
 		os.Exit(runIntegChild(*integChild))
 	}
@@ -265,7 +270,7 @@ func main() {
 	}
 	plays := make([]*played, len(scenarios))
 	for si, sc := range scenarios {
-		if *only != "" && !strings.Contains(sc.Name, *only) || sc.TLS && !*isolate {
+		if *only != "" && !nameMatches(sc.Name, *only) || sc.TLS && !*isolate {
 			continue
 		}
 		plays[si] = &played{obs: make([][2][2]*Observation, len(generations)), done: make(chan struct{})}
@@ -284,7 +289,7 @@ func main() {
 		}
 	}()
 	for si, sc := range scenarios {
-		if *only != "" && !strings.Contains(sc.Name, *only) {
+		if *only != "" && !nameMatches(sc.Name, *only) {
 			continue
 		}
 		if sc.TLS && !*isolate {
@@ -787,4 +792,14 @@ func waitFree() {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// nameMatches says whether a scenario or case named name is one -only
+// selects: all of them when it is empty.
+func nameMatches(name, only string) bool {
+	if only == "" {
+		return true
+	}
+	matched, err := regexp.MatchString(only, name)
+	return err == nil && matched
 }
