@@ -13,11 +13,11 @@
 # Prints the archive's path. --platform builds for another architecture;
 # --platforms builds one image index with a manifest per platform, at
 # target/image/qproxy-<version>.tar (amd64, arm64, ppc64le; s390x is
-# refused, docs/deploy.md says why). The machine's own architecture is
+# refused, deploy/README.md says why). The machine's own architecture is
 # built with the workspace's toolchain; the others with Debian's Rust 1.96
 # (rustc-web, cargo-web) and standard library for the target
 # (libstd-rust-web-dev:ARCH) and its cross C compiler, which
-# `scripts/test tools` installs (a missing one is named in one line).
+# `scripts/test multiarch` installs (a missing one is named in one line).
 # --agent builds the node agent's image instead (qproxy-accel with its BPF
 # programs, which needs clang and libbpf-dev; deploy/accel-daemonset.yaml):
 # tag qproxy-accel:<version>, archive target/image/qproxy-accel-<version>-<arch>.tar.
@@ -58,7 +58,7 @@ machine_of() {
         arm64) echo aarch64 ;;
         ppc64le) echo powerpc64le ;;
         s390x)
-            echo "build-image.sh: linux/s390x: Debian serves its standard library only for Rust 1.85, below the workspace's rust-version; see docs/deploy.md" >&2
+            echo "build-image.sh: linux/s390x: Debian serves its standard library only for Rust 1.85, below the workspace's rust-version; see deploy/README.md" >&2
             return 1 ;;
         *) echo "build-image.sh: unsupported platform linux/$1 (amd64, arm64, ppc64le)" >&2; return 1 ;;
     esac
@@ -77,11 +77,6 @@ for p in ${platforms//,/ }; do
         *) echo "build-image.sh: a platform is linux/ARCH, not $p" >&2; exit 2 ;;
     esac
 done
-if [ "$image" = qproxy-accel ] && [ "${arches[*]}" != "$host" ]; then
-    echo "build-image.sh: the node agent is built for this machine's platform only (linux/$host)" >&2
-    exit 2
-fi
-
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
 msrv="$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)"
 tag="${tag:-$image:$version}"
@@ -103,7 +98,7 @@ cross_ready() {
     [ -d "/usr/lib/rustlib/$triple" ] || need+=("libstd-rust-web-dev:$deb")
     command -v "$gnu-gcc" >/dev/null 2>&1 || need+=("gcc-$gnu" "libc6-dev-$deb-cross")
     if [ ${#need[@]} -gt 0 ]; then
-        echo "build-image.sh: linux/$arch needs Debian's ${need[*]} (scripts/test tools installs them)" >&2
+        echo "build-image.sh: linux/$arch needs Debian's ${need[*]} (scripts/test multiarch installs them)" >&2
         return 1
     fi
     local have
@@ -132,10 +127,9 @@ build_one() {
     cross_ready "$arch" "$triple" "$gnu" || return 1
     # Debian's toolchain, ahead of rustup's, in a target directory of its
     # own (another compiler rebuilds every dependency).
-    local upper="${triple//-/_}"
     env PATH="/usr/bin:$PATH" RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc \
         CARGO_TARGET_DIR=target/image-cross RUSTFLAGS="$rustflags" \
-        "CARGO_TARGET_${upper^^}_LINKER=$gnu-gcc" "CC_$upper=$gnu-gcc" "AR_$upper=$gnu-ar" \
+        deploy/cross-env.sh run "$arch" \
         /usr/bin/cargo build --locked -p "$image" "${features[@]}" --profile "$profile" --target "$triple" >&2
     echo "target/image-cross/$triple/$dir/$image"
 }
