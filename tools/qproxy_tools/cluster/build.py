@@ -55,6 +55,16 @@ PACKAGES = {
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
+def image_platforms(environ=os.environ):
+    """The platforms of qproxy's image index: this machine's, then the
+    other architectures scripts/test multiarch builds (QPROXY_MULTIARCH,
+    arm64 and ppc64le by default; empty for this machine's alone). The
+    node's containerd picks its own from the index, as a cluster with nodes
+    of several architectures would."""
+    others = environ.get("QPROXY_MULTIARCH", "arm64 ppc64le").split()
+    return [ARCH] + [arch for arch in others if arch != ARCH]
+
+
 def packages_missing():
     missing = []
     for what, package in PACKAGES.items():
@@ -286,13 +296,21 @@ class Builder:
         return images
 
     def qproxy_image(self):
-        """qproxy's release image, built by deploy/build-image.sh and named
-        after its manifest's digest, so that a changed qproxy is a new image
-        (and new revisions) rather than the same name over other bytes."""
-        say("building qproxy's image (deploy/build-image.sh)")
+        """qproxy's release image, an index of image_platforms() built by
+        deploy/build-image.sh, and named after its digest, so that a changed
+        qproxy is a new image (and new revisions) rather than the same name
+        over other bytes."""
+        platforms = image_platforms()
+        for arch in platforms[1:]:
+            run([os.path.join(ROOT, "scripts", "multiarch"), "--install", arch], log=self.log)
+        listed = ",".join(f"linux/{arch}" for arch in platforms)
+        say(f"building qproxy's image (deploy/build-image.sh --platforms {listed})")
         with open(self.log, "ab") as log:
             out = subprocess.run(
-                [os.path.join(ROOT, "deploy", "build-image.sh")], cwd=ROOT, stdout=subprocess.PIPE, stderr=log
+                [os.path.join(ROOT, "deploy", "build-image.sh"), "--platforms", listed],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=log,
             )
         lines = out.stdout.decode().strip().splitlines()
         if out.returncode != 0 or not lines:
