@@ -94,7 +94,7 @@ const MIX: usize = 7;
 /// scrapes in a row read the same: a request's instruments are recorded
 /// one after another, and a scrape can fall between them.
 async fn scrape_measured(metrics: SocketAddr, requests: usize) -> String {
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     let mut before = Vec::new();
     loop {
         let text = scrape(metrics).await;
@@ -295,7 +295,7 @@ fn metrics_resource(batches: &MetricBatches) -> BTreeMap<String, String> {
 /// request while its body sizes do not yet. Two equal exports in a row
 /// mean every instrument has caught up.
 async fn exported(collector: &OtlpCollector, requests: usize) {
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     loop {
         let settled = {
             let guard = collector.metrics.lock().unwrap();
@@ -447,7 +447,7 @@ async fn traced(
     // client traces it, as a root.
     let res = h1(main, get("/probe", &[("K-Kubelet-Probe", "1")])).await;
     res.collect().await.unwrap();
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     let probe = loop {
         let probe = collector
             .spans

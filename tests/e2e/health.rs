@@ -26,7 +26,7 @@ async fn compare_all(go: SocketAddr, qp: SocketAddr, when: &str) {
 
 /// Waits until a kubelet health check on `addr` answers `503`.
 async fn wait_draining(addr: SocketAddr) {
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     while health_check(addr, &[KUBELET, QUEUE]).await.status != 503 {
         assert!(Instant::now() < deadline, "health checks never failed");
         tokio::time::sleep(Duration::from_millis(10)).await;

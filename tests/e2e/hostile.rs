@@ -107,7 +107,7 @@ async fn ten_thousand_idle_connections_cost_less_than_go() {
         for _ in 0..10_000 {
             conns.push(TcpStream::connect(addr).await.unwrap());
         }
-        let accepted = eventually(DEADLINE, || open_fds(pid) >= 10_000).await;
+        let accepted = eventually(deadline(), || open_fds(pid) >= 10_000).await;
         assert!(accepted, "{name} did not accept 10,000 connections");
         let grown = rss_kib(pid).saturating_sub(before);
         per_conn.push((name, grown * 1024 / 10_000));

@@ -160,7 +160,7 @@ pub async fn scrape(metrics: SocketAddr) -> String {
 /// Scrapes until `line` (a series and its value) shows; returns the whole
 /// exposition.
 pub async fn scrape_until(metrics: SocketAddr, line: &str) -> String {
-    let deadline = std::time::Instant::now() + crate::DEADLINE;
+    let deadline = std::time::Instant::now() + crate::deadline();
     loop {
         let text = scrape(metrics).await;
         if text.lines().any(|l| l == line) {

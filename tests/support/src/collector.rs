@@ -30,7 +30,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::tls::TestCa;
-use crate::{DEADLINE, empty};
+use crate::{deadline, empty};
 
 /// A span as received, whatever the format.
 #[derive(Debug, Clone)]
@@ -328,7 +328,7 @@ async fn otlp_http_over(tls: Option<Arc<rustls::ServerConfig>>) -> (SocketAddr, 
 /// (and kind, for the HTTP ones: classic Knative names both after the
 /// path).
 pub async fn trace_spans(spans: &Spans, trace: &str, n: usize) -> HashMap<String, Span> {
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     loop {
         let got: Vec<Span> = spans
             .lock()

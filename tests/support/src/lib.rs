@@ -7,7 +7,7 @@
 //! and a crate's module graph read off its sources ([`modgraph`]).
 //!
 //! Nothing waits by sleeping: every wait is on a condition with a deadline
-//! ([`DEADLINE`]). Everything is re-exported here, so that a test can
+//! ([`deadline`]). Everything is re-exported here, so that a test can
 //! `use qproxy_test_support::*`.
 
 // A test helper fails its test by panicking, with what went wrong.
@@ -38,12 +38,22 @@ pub use hostile::*;
 pub use oracle::{GoQueueProxy, Oracle};
 pub use process::*;
 
-/// How long any single wait in a test may take before it fails.
-pub const DEADLINE: Duration = Duration::from_secs(20);
+/// How long any single wait in a test may take before it fails: 20 s, or
+/// `QPROXY_TEST_DEADLINE_SECS` (scripts/multiarch gives tests under
+/// emulation more). A bound on failing, never a measure of speed.
+pub fn deadline() -> Duration {
+    static DEADLINE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *DEADLINE.get_or_init(|| {
+        std::env::var("QPROXY_TEST_DEADLINE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(Duration::from_secs(20), Duration::from_secs)
+    })
+}
 
-/// Fails the test if `fut` does not finish within [`DEADLINE`].
+/// Fails the test if `fut` does not finish within [`deadline`].
 pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(DEADLINE, fut).await {
+    match tokio::time::timeout(deadline(), fut).await {
         Ok(out) => out,
         Err(_) => panic!("timed out waiting for {what}"),
     }
@@ -118,7 +128,7 @@ pub async fn wait_lines_with(
     prefix: &str,
     lines: impl Fn() -> Vec<String>,
 ) -> Vec<String> {
-    let deadline = std::time::Instant::now() + DEADLINE;
+    let deadline = std::time::Instant::now() + deadline();
     loop {
         let got = lines_with(prefix, lines());
         if got.len() >= n {

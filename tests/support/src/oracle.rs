@@ -21,7 +21,7 @@ use std::time::Instant;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use crate::{DEADLINE, closed_port, signal};
+use crate::{closed_port, deadline, signal};
 
 /// The oracle's fixed ports are one machine-wide resource.
 static PORTS: LazyLock<Arc<AsyncMutex<()>>> = LazyLock::new(|| Arc::new(AsyncMutex::new(())));
@@ -151,7 +151,7 @@ impl GoQueueProxy {
     }
 
     async fn wait_serving(&mut self) {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + deadline();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!(

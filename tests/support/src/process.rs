@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use qproxy::config::Generation;
 use serde_json::Value;
 
-use crate::DEADLINE;
+use crate::deadline;
 
 /// The `qproxy` binary the tests run: `QPROXY_BIN` when set, else the one
 /// cargo built beside the running test (`target/<profile>/qproxy`, which
@@ -313,7 +313,7 @@ impl QProxy {
     /// Waits until `n` log lines match `pred`; returns the `n`th.
     pub fn wait_for_logs(&self, what: &str, n: usize, pred: impl Fn(&Value) -> bool) -> Value {
         let (lines, changed) = &*self.logs;
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + deadline();
         let mut guard = lines.lock().unwrap();
         loop {
             if let Some(l) = guard.lines.iter().filter(|l| pred(l)).nth(n - 1) {
@@ -358,7 +358,7 @@ impl QProxy {
     /// Waits for the process to exit on its own and returns its status;
     /// every line it wrote is in [`Self::logs`] by then.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + deadline();
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;

@@ -34,7 +34,7 @@ async fn app() -> App {
 
 /// Waits until health checks answer `503 shutting down`.
 async fn wait_health_failing(main: SocketAddr) {
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     loop {
         match kubelet_health(main).await {
             (503, body) => {
@@ -81,7 +81,7 @@ impl Load {
     }
 
     async fn wait_answered(&self, n: usize) {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + deadline();
         while self.answered() < n {
             assert!(
                 Instant::now() < deadline,
@@ -207,7 +207,7 @@ async fn sigterm_drains_without_losing_a_request() {
     let before = slow_seen();
     let main = qp.main;
     let last = tokio::spawn(async move { text(h1(main, get("/slow", &[])).await).await });
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     while slow_seen() == before {
         assert!(Instant::now() < deadline, "the last request never arrived");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -275,7 +275,7 @@ async fn a_connection_still_sending_once_the_drain_settles_is_closed_after_its_a
 
     qp.signal("TERM");
     wait_health_failing(qp.main).await;
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     while !ask(&mut sender).await {
         assert!(
             Instant::now() < deadline,

@@ -327,7 +327,7 @@ async fn the_autoscaler_s_view_is_served_beside_the_request_metrics_in_both_gene
         // A whole reporting window with both in flight: the autoscaler
         // reads 2, one of them proxied, as the stats port says too.
         let port = qp.metrics.expect("the metrics port");
-        let deadline = std::time::Instant::now() + DEADLINE;
+        let deadline = std::time::Instant::now() + deadline();
         let text = loop {
             let text = scrape(port).await;
             let both = sample(&text, "qproxy_autoscaler_average_concurrency") == Some(2.0);
@@ -376,7 +376,7 @@ async fn the_start_up_s_spans_are_served_once_they_happen_in_both_generations() 
 
         // The kubelet's health check passes: the app is ready, and has
         // answered nothing yet.
-        let deadline = std::time::Instant::now() + DEADLINE;
+        let deadline = std::time::Instant::now() + deadline();
         while health_check(qp.main, &[KUBELET, QUEUE]).await.status != 200 {
             assert!(std::time::Instant::now() < deadline, "never ready");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;

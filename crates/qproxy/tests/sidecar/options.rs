@@ -90,7 +90,7 @@ fn env(
 /// Knative's line for a failed template.
 async fn logged(qp: &QProxy, nth: usize) -> String {
     text(h1(qp.main, get("/", &[])).await).await;
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     loop {
         let lines: Vec<String> = qp
             .raw_lines()

@@ -157,7 +157,7 @@ async fn a_sampler_argument_of_one_samples_everything_as_knative_s_does() {
 
 /// Waits until `batches` holds an export with `name` measured.
 async fn exported(batches: &MetricBatches, name: &str) {
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     while !latest_metrics(batches).keys().any(|(_, n, _)| n == name) {
         assert!(Instant::now() < deadline, "no {name} exported");
         tokio::time::sleep(Duration::from_millis(20)).await;

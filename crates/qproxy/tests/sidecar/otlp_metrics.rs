@@ -34,7 +34,7 @@ async fn current_knative_exports_request_metrics_over_otlp() {
     let queue = "knative.dev/serving/pkg/queue";
     let key =
         |scope: &str, name: &str, unit: &str| (scope.to_owned(), name.to_owned(), unit.to_owned());
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + deadline();
     let got = loop {
         let got = latest_metrics(&batches);
         let spans = got.contains_key(&key("qproxy", "qproxy.startup.app_ready", "s"));

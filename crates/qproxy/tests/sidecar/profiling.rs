@@ -96,7 +96,7 @@ async fn a_profile_whose_client_left_frees_the_profiler() {
     tokio::task::block_in_place(|| qp.wait_for_log("the profile's start", started));
     drop(client);
     // The next profile runs.
-    let deadline = std::time::Instant::now() + DEADLINE;
+    let deadline = std::time::Instant::now() + deadline();
     loop {
         let res = h1(profiling, get("/debug/pprof/profile?seconds=1", &[])).await;
         if res.status() == 200 {

@@ -534,7 +534,7 @@ async fn one_gibibyte_each_way_with_flat_memory() {
     let qp = QProxy::start(app.port(), &[]);
 
     // A gibibyte takes a while in a debug build: a longer deadline here.
-    let slow = DEADLINE * 6;
+    let slow = deadline() * 6;
     let upload = Request::post("/upload")
         .header("host", "hello.example.com")
         .body(Pattern::new(GIB).boxed())

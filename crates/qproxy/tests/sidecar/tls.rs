@@ -203,7 +203,7 @@ async fn rotation_under_load_loses_nothing_and_new_handshakes_get_the_new_certif
     };
     let answered = |n| {
         let ok = ok.clone();
-        async move { eventually(DEADLINE, || ok.load(Ordering::SeqCst) >= n).await }
+        async move { eventually(deadline(), || ok.load(Ordering::SeqCst) >= n).await }
     };
     assert!(answered(50).await, "the load runs");
 
@@ -212,7 +212,7 @@ async fn rotation_under_load_loses_nothing_and_new_handshakes_get_the_new_certif
         .update(&[("tls.crt", cert.as_bytes()), ("tls.key", key.as_bytes())]);
     let new = der(&cert);
     assert_ne!(first.leaf, new);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let deadline = tokio::time::Instant::now() + deadline();
     loop {
         let answer = tls_get(s.tls(), s.client(H2_H1), "/", false).await.unwrap();
         if answer.leaf == new {
@@ -281,7 +281,7 @@ async fn a_pair_that_does_not_load_keeps_the_previous_one() {
         .update(&[("tls.crt", cert.as_bytes()), ("tls.key", key.as_bytes())]);
     let new = der(&cert);
     assert!(
-        eventually_async(DEADLINE, || async {
+        eventually_async(deadline(), || async {
             tls_get(s.tls(), s.client(H2_H1), "/", false)
                 .await
                 .is_ok_and(|a| a.leaf == new)
@@ -489,7 +489,7 @@ async fn the_tls_port_drains_like_the_main_port() {
     });
     let arrived = || app.seen().iter().any(|r| r.uri.path() == "/slow");
     assert!(
-        eventually(DEADLINE, arrived).await,
+        eventually(deadline(), arrived).await,
         "the slow request reached the app"
     );
     s.qp.signal("TERM");
