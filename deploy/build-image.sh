@@ -43,32 +43,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-# The OCI architecture of a machine name, and the other way round.
-oci_arch() {
-    case "$1" in
-        x86_64) echo amd64 ;;
-        aarch64) echo arm64 ;;
-        ppc64le) echo ppc64le ;;
-        *) return 1 ;;
-    esac
-}
-machine_of() {
-    case "$1" in
-        amd64) echo x86_64 ;;
-        arm64) echo aarch64 ;;
-        ppc64le) echo powerpc64le ;;
-        s390x)
-            echo "build-image.sh: linux/s390x: Debian serves its standard library only for Rust 1.85, below the workspace's rust-version; see deploy/README.md" >&2
-            return 1 ;;
-        *) echo "build-image.sh: unsupported platform linux/$1 (amd64, arm64, ppc64le)" >&2; return 1 ;;
-    esac
-}
-# Debian's name of an architecture, for its packages.
-debian_arch() {
-    case "$1" in ppc64le) echo ppc64el ;; *) echo "$1" ;; esac
-}
-
-host="$(oci_arch "$(uname -m)")" || { echo "build-image.sh: unsupported machine $(uname -m)" >&2; exit 1; }
+# The names of each architecture come from deploy/cross-env.sh.
+cross_env=deploy/cross-env.sh
+host="$("$cross_env" host)" || exit 1
 platforms="${platforms:-linux/$host}"
 arches=()
 for p in ${platforms//,/ }; do
@@ -90,13 +67,12 @@ case "$profile" in dev) dir=debug ;; *) dir="$profile" ;; esac
 # Fails, naming what to install, unless Debian's Rust and the target's
 # standard library and C compiler are here.
 cross_ready() {
-    local arch="$1" triple="$2" gnu="$3"
-    local deb
-    deb="$(debian_arch "$arch")"
+    local arch="$1" triple="$2"
     local need=()
     [ -x /usr/bin/rustc ] && [ -x /usr/bin/cargo ] || need+=(rustc-web cargo-web)
-    [ -d "/usr/lib/rustlib/$triple" ] || need+=("libstd-rust-web-dev:$deb")
-    command -v "$gnu-gcc" >/dev/null 2>&1 || need+=("gcc-$gnu" "libc6-dev-$deb-cross")
+    [ -d "/usr/lib/rustlib/$triple" ] || need+=("libstd-rust-web-dev:$("$cross_env" debian "$arch")")
+    # shellcheck disable=SC2207 # package names, one word each
+    command -v "${triple%%-*}-linux-gnu-gcc" >/dev/null 2>&1 || need+=($("$cross_env" packages "$arch"))
     if [ ${#need[@]} -gt 0 ]; then
         echo "build-image.sh: linux/$arch needs Debian's ${need[*]} (scripts/test multiarch installs them)" >&2
         return 1
@@ -111,9 +87,12 @@ cross_ready() {
 
 # Builds the static binary for an architecture; prints its path.
 build_one() {
-    local arch="$1" machine triple gnu
-    machine="$(machine_of "$arch")" || return 1
-    triple="$machine-unknown-linux-gnu"
+    local arch="$1" triple
+    if [ "$arch" = s390x ]; then
+        echo "build-image.sh: linux/s390x: Debian serves its standard library only for Rust 1.85, below the workspace's rust-version; see deploy/README.md" >&2
+        return 1
+    fi
+    triple="$("$cross_env" triple "$arch")" || return 1
     local rustflags="-C target-feature=+crt-static -C strip=symbols"
     if [ "$arch" = "$host" ]; then
         # A separate target directory: the static flags would otherwise
@@ -123,13 +102,12 @@ build_one() {
         echo "${CARGO_TARGET_DIR:-target/image}/$triple/$dir/$image"
         return
     fi
-    gnu="$machine-linux-gnu"
-    cross_ready "$arch" "$triple" "$gnu" || return 1
+    cross_ready "$arch" "$triple" || return 1
     # Debian's toolchain, ahead of rustup's, in a target directory of its
     # own (another compiler rebuilds every dependency).
     env PATH="/usr/bin:$PATH" RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc \
         CARGO_TARGET_DIR=target/image-cross RUSTFLAGS="$rustflags" \
-        deploy/cross-env.sh run "$arch" \
+        "$cross_env" run "$arch" \
         /usr/bin/cargo build --locked -p "$image" "${features[@]}" --profile "$profile" --target "$triple" >&2
     echo "target/image-cross/$triple/$dir/$image"
 }
