@@ -17,10 +17,11 @@ import sys
 import tarfile
 import tempfile
 
+from . import oci_image
 from .commands import PhaseError, run
 
 INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
+    oci_image.INDEX_TYPE,
     "application/vnd.docker.distribution.manifest.list.v2+json",
 )
 

@@ -42,6 +42,10 @@ from datetime import UTC, datetime
 
 from . import ROOT
 
+# The media type of an image index (an OCI layout's index.json, and the
+# blob that lists a multi-platform image's platforms).
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+
 IMAGES = {
     "qproxy": {
         "user": "65532:65532",
@@ -253,13 +257,13 @@ def index_files(images, tag):
         platforms = canonical(
             {
                 "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "mediaType": INDEX_TYPE,
                 "manifests": [listed(image) for image in images],
             }
         )
         nested = [(blob(platforms), platforms)]
         top = {
-            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "mediaType": INDEX_TYPE,
             "digest": digest(platforms),
             "size": len(platforms),
             "annotations": annotations,
@@ -267,7 +271,7 @@ def index_files(images, tag):
     index = canonical(
         {
             "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "mediaType": INDEX_TYPE,
             "manifests": [top],
         }
     )

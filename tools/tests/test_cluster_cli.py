@@ -15,13 +15,13 @@ LISTING = "\n".join(
 
 
 def test_the_platforms_of_an_index_containerd_holds():
-    assert cli.image_platforms(LISTING, "ko.local/qproxy:0.1.0-abc") == ["linux/amd64", "linux/arm64/v8"]
+    assert cli.held_platforms(LISTING, "ko.local/qproxy:0.1.0-abc") == ["linux/amd64", "linux/arm64/v8"]
     # One image, not an index; and one containerd does not hold.
-    assert cli.image_platforms(LISTING, "ko.local/helloworld:e2e") is None
-    assert cli.image_platforms(LISTING, "ko.local/other:1") is None
+    assert cli.held_platforms(LISTING, "ko.local/helloworld:e2e") is None
+    assert cli.held_platforms(LISTING, "ko.local/other:1") is None
 
 
-def test_the_platforms_an_archive_lists(tmp_path):
+def test_the_name_and_platforms_an_archive_gives(tmp_path):
     binaries = {}
     for arch in ("amd64", "arm64", "ppc64le"):
         path = tmp_path / arch
@@ -30,11 +30,14 @@ def test_the_platforms_an_archive_lists(tmp_path):
     several = str(tmp_path / "index.tar")
     files, _ = oci_image.build_index(binaries, "qproxy", "qproxy:1.0", "1.0", 0)
     oci_image.write_archive(several, files, 0)
-    assert cli.archive_platforms(several) == ["linux/amd64", "linux/arm64/v8", "linux/ppc64le"]
+    assert cli.archive_image(several) == (
+        "docker.io/library/qproxy:1.0",
+        ["linux/amd64", "linux/arm64/v8", "linux/ppc64le"],
+    )
     one = str(tmp_path / "one.tar")
     files, _ = oci_image.build_index({"amd64": binaries["amd64"]}, "qproxy", "qproxy:1.0", "1.0", 0)
     oci_image.write_archive(one, files, 0)
-    assert cli.archive_platforms(one) == []
+    assert cli.archive_image(one) == ("docker.io/library/qproxy:1.0", [])
 
 
 def test_the_image_carries_this_machine_first_then_the_others_asked_for():

@@ -42,7 +42,7 @@ import sys
 import tarfile
 import time
 
-from .. import ROOT, arguments
+from .. import ROOT, arguments, oci_image
 from ..commands import PhaseError
 from ..commands import run as run_command
 from ..progress import Progress
@@ -108,9 +108,6 @@ def installed_serving():
         return None
 
 
-INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
-
-
 def import_images(node, images):
     """Imports image archives into containerd's Kubernetes namespace, each
     under the name given."""
@@ -122,40 +119,39 @@ def import_images(node, images):
         if ref in have and os.path.exists(stamp) and os.path.getmtime(stamp) >= os.path.getmtime(archive):
             continue
         run_command(ctr + ["images", "import", archive], log=log)
-        index = json.loads(run_command(["tar", "-xOf", archive, "index.json"], capture=True))
-        source = index["manifests"][0]["annotations"]["io.containerd.image.name"]
+        source, expected = archive_image(archive)
         if source != ref:
             run_command(ctr + ["images", "tag", "--force", source, ref], log=log)
-        expected = archive_platforms(archive)
-        if len(expected) > 1:
-            held = image_platforms(run_command(ctr + ["images", "ls", f"name=={ref}"], capture=True), ref)
+        if expected:
+            held = held_platforms(run_command(ctr + ["images", "ls", f"name=={ref}"], capture=True), ref)
             if held is None or sorted(held) != sorted(expected):
                 raise PhaseError(f"containerd holds {ref} for {held}, not as the index of {expected}", log)
         with open(stamp, "w"):
             pass
 
 
-def archive_platforms(archive):
-    """The platforms an image archive's index lists ("linux/arm64/v8"), or
-    [] for an archive of one image."""
+def archive_image(archive):
+    """The name an image archive gives its image, and the platforms its
+    index lists (linux/arm64/v8), or [] for an archive of one image."""
     with tarfile.open(archive) as tar:
         top = json.load(tar.extractfile("index.json"))["manifests"][0]
-        if top["mediaType"] != INDEX_TYPE:
-            return []
+        name = top["annotations"]["io.containerd.image.name"]
+        if top["mediaType"] != oci_image.INDEX_TYPE:
+            return name, []
         nested = json.load(tar.extractfile("blobs/sha256/" + top["digest"].split(":", 1)[1]))
-    return [
+    return name, [
         "/".join(filter(None, (m["platform"]["os"], m["platform"]["architecture"], m["platform"].get("variant"))))
         for m in nested["manifests"]
     ]
 
 
-def image_platforms(listing, ref):
+def held_platforms(listing, ref):
     """The platforms `ctr images ls` lists for `ref` when containerd holds
     it as an image index (one node then picks its own from it), or None."""
     for line in listing.splitlines()[1:]:
         fields = line.split()
         if len(fields) >= 5 and fields[0] == ref:
-            if fields[1] != INDEX_TYPE:
+            if fields[1] != oci_image.INDEX_TYPE:
                 return None
             # REF TYPE DIGEST SIZE (two fields) PLATFORMS LABELS
             return next((f.split(",") for f in fields[4:] if f.startswith("linux/")), [])
