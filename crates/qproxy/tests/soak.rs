@@ -548,11 +548,7 @@ struct Sample {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a soak of minutes: scripts/test soak runs it (QPROXY_SOAK_SECONDS)"]
 async fn soak_mixed_load_with_the_app_restarted_loses_nothing_and_holds_steady() {
-    let seconds: u64 = std::env::var("QPROXY_SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
-    let run = Duration::from_secs(seconds);
+    let run = seconds_from_env("QPROXY_SOAK_SECONDS", 120);
     let restart_every = std::env::var("QPROXY_SOAK_RESTART_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -629,7 +625,10 @@ async fn soak_mixed_load_with_the_app_restarted_loses_nothing_and_holds_steady()
         }
     }
     let mut total = Tally::default();
-    eprintln!("soak: {seconds} s, the app restarted {restarts} times");
+    eprintln!(
+        "soak: {} s, the app restarted {restarts} times",
+        run.as_secs()
+    );
     for (kind, tally) in &by_kind {
         eprintln!(
             "  {kind:12} served {:7}  app dropped {:5}  lost {}",

@@ -42,13 +42,16 @@ pub use process::*;
 /// `QPROXY_TEST_DEADLINE_SECS` (scripts/multiarch gives tests under
 /// emulation more). A bound on failing, never a measure of speed.
 pub fn deadline() -> Duration {
-    static DEADLINE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *DEADLINE.get_or_init(|| {
-        std::env::var("QPROXY_TEST_DEADLINE_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map_or(Duration::from_secs(20), Duration::from_secs)
-    })
+    seconds_from_env("QPROXY_TEST_DEADLINE_SECS", 20)
+}
+
+/// Whole seconds from the environment variable `var`, or `default` when
+/// it is unset or not a number.
+pub fn seconds_from_env(var: &str, default: u64) -> Duration {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(default), Duration::from_secs)
 }
 
 /// Fails the test if `fut` does not finish within [`deadline`].

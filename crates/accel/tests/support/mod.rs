@@ -27,13 +27,7 @@ use std::{
 /// `QPROXY_ACCEL_DEADLINE_SECS` (scripts/accel-vm gives an emulated
 /// machine more).
 pub fn deadline() -> Duration {
-    static DEADLINE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *DEADLINE.get_or_init(|| {
-        std::env::var("QPROXY_ACCEL_DEADLINE_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map_or(Duration::from_secs(60), Duration::from_secs)
-    })
+    qproxy_test_support::seconds_from_env("QPROXY_ACCEL_DEADLINE_SECS", 60)
 }
 
 static SERIAL: AtomicUsize = AtomicUsize::new(0);
