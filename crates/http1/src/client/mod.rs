@@ -299,8 +299,9 @@ where
         out.whole = Bytes::new();
     }
     let mut reads = 0;
-    // How much of the buffer is known to hold no end of a head.
-    let mut scanned = 0;
+    // Once a parse has come up short: how much of the buffer is known to
+    // hold no end of a head. A head read whole is parsed at once, as before.
+    let mut scanned: Option<usize> = None;
     let mut uploading = out.stream.is_some();
     let mut upload_broke = false;
     let link = &mut *conn.0;
@@ -317,7 +318,11 @@ where
                     Uploaded::Pending => {}
                 }
             }
-            if head_may_end(&link.buf, &mut scanned) {
+            if !link.buf.is_empty()
+                && scanned
+                    .as_mut()
+                    .is_none_or(|from| head_may_end(&link.buf, from))
+            {
                 match parse(&mut link.buf, &out.method, headers)? {
                     ResponseParse::Final(mut head) => {
                         head.one_read = reads == 1;
@@ -325,10 +330,14 @@ where
                     }
                     // Informational answers are skipped, as hyper skips them.
                     ResponseParse::Informational => {
-                        scanned = 0;
+                        scanned = None;
                         continue;
                     }
-                    ResponseParse::Partial => {}
+                    ResponseParse::Partial => {
+                        let mut from = 0;
+                        head_may_end(&link.buf, &mut from);
+                        scanned = Some(from);
+                    }
                 }
             }
             if link.buf.len() >= MAX_RESPONSE_HEADER_BYTES {
