@@ -52,21 +52,8 @@ def test_the_full_tables_name_every_contender_of_every_load():
     assert "| 9 TLS keep-alive c70 | direct |" not in text
 
 
-def test_a_section_replaces_what_lies_between_its_markers():
-    page = "# Results\n\nbefore\n<!-- b -->\nold\n<!-- e -->\nafter\n"
-    assert report.between_markers(page, "<!-- b -->\nnew\n<!-- e -->", "<!-- b -->", "<!-- e -->") == (
-        "# Results\n\nbefore\n<!-- b -->\nnew\n<!-- e -->\nafter\n"
-    )
-
-
-def test_a_section_without_markers_goes_at_the_end():
-    assert report.between_markers("# Results\n", "<!-- b -->x<!-- e -->", "<!-- b -->", "<!-- e -->") == (
-        "# Results\n\n<!-- b -->x<!-- e -->\n"
-    )
-
-
 def test_results_md_has_the_harness_markers_once():
-    with open(f"{report.BENCHES}/RESULTS.md") as f:
+    with open(report.RESULTS) as f:
         page = f.read()
     assert page.count(report.BEGIN) == 1 and page.count(report.END) == 1
     assert page.index(report.BEGIN) < page.index(report.END)
@@ -78,9 +65,22 @@ def test_picture_names():
     assert report.svg_name("11 gRPC unary h2c 10x10") == "load11.svg"
 
 
-def test_numbers_as_the_tables_show_them():
-    assert report.fmt(None) == "–"
-    assert report.fmt(1234.56) == "1,234.6"
-    assert report.fmt(3.5, " µs", 0) == "4 µs"
-    assert report.med([{"x": 3}, {"x": None}, {"x": 1}, {"x": 2}], "x") == 2
-    assert report.med([{"x": None}], "x") is None
+def test_picture_links_name_load_4_by_its_size():
+    assert report.picture_link("1 keep-alive c70") == "[1](load1.svg)"
+    assert report.picture_link("4 1MiB c10") == "[4 1MiB](load4-1mib-c10.svg)"
+
+
+def test_write_puts_the_tables_in_side_by_side_and_the_section_between_the_markers(tmp_path, monkeypatch):
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"# Results\n\n{report.BEGIN}\nold\n{report.END}\n\n## Other\n")
+    monkeypatch.setattr(report, "BENCHES", str(tmp_path))
+    monkeypatch.setattr(report, "RESULTS", str(results))
+    args = run_args()
+    report.write(args, "benches/harness.py --rounds 1 ", "today", "THE TABLES", throughput(), ["[1](load1.svg)"])
+    page = (tmp_path / "side-by-side.md").read_text()
+    assert page.startswith("# Side by side (`benches/harness.py`): every table of the run\n\n")
+    assert "today: `benches/harness.py --rounds 1`, 1 rounds of 5 s, medians." in page
+    assert "every contender: [1](load1.svg)." in page and page.endswith("THE TABLES\n")
+    text = results.read_text()
+    assert "old" not in text and text.endswith(f"{report.END}\n\n## Other\n")
+    assert "| 1 keep-alive c70 | 22,225 / 38,883 | 43.6 / 42.6 | 41.7 / 41.8 |" in text

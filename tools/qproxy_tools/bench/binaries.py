@@ -11,7 +11,7 @@ import tempfile
 
 from .. import ROOT
 from .callgrind import COUNTED
-from .installs import DEBIAN_PACKAGES, envoy_bin, install_debian, tool_path
+from .installs import envoy_bin, require_tools
 from .loads import TLS_LOAD_NUMBERS
 
 
@@ -58,12 +58,7 @@ def build(args):
         + (["openssl"] if tls else [])
         + proxies
     )
-    install_debian([DEBIAN_PACKAGES[t] for t in tools if not tool_path(t)])
-    for tool in tools:
-        path = tool_path(tool)
-        if not path:
-            sys.exit(f"harness: {tool} is not installed (Debian: {DEBIAN_PACKAGES[tool]})")
-        out[tool] = path
+    out.update(require_tools(tools, "harness"))
     if tls:
         out["certs"] = make_certs(os.path.join(ROOT, "target", "bench", "certs"))
     return out

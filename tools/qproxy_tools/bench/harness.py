@@ -22,9 +22,12 @@ from .. import ROOT, arguments, plotting
 from .binaries import build
 from .callgrind import run_instructions
 from .contenders import Contender
-from .loads import TLS_HANDSHAKES, TLS_KEEP_ALIVE, measured, run_wrk, throughput_loads
+from .cost import measured
+from .loads import TLS_HANDSHAKES, TLS_KEEP_ALIVE, run_wrk, throughput_loads
+from .pages import BENCHES, run_facts
+from .plots import instructions_picture, load_picture
 from .procs import TICK, check_app_answers, cpu_ticks, rss_kib, start_app, stop
-from .report import BENCHES, instructions_picture, picture, report, run_facts, svg_name, write
+from .report import picture_link, report, svg_name, write
 
 
 def run_throughput(args, bins):
@@ -161,10 +164,18 @@ def run_allocations():
         text=True,
         check=True,
     ).stdout
+    return parse_allocations(out)
+
+
+def parse_allocations(out):
+    """The counts benches/allocations.rs printed, one a line after
+    "allocations per request: "."""
     return [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("allocations per request: ")]
 
 
-def main():
+def parse_args(argv=None):
+    """The command line (`argv`, sys.argv's by default), its lists split;
+    the smoke's one short round in place of what was asked."""
     ap = arguments.parser("benches/harness.py", __doc__)
     ap.add_argument(
         "--smoke", action="store_true", help="one short round of load 1, qproxy and direct; nothing written"
@@ -196,9 +207,7 @@ def main():
         metavar="N",
         help="count each proxy's instructions per request under callgrind over N and 2N requests (0: not at all)",
     )
-    args = ap.parse_args()
-    # The commit and the machine as the run begins: what it measures.
-    facts = run_facts()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.rounds, args.seconds, args.contenders, args.loads, args.variants = 1, 2, "direct,qproxy", "1", "unpinned"
     args.contenders = args.contenders.split(",")
@@ -206,6 +215,13 @@ def main():
         args.contenders.append("qproxy-base")
     args.loads = [int(x) for x in args.loads.split(",")]
     args.variants = args.variants.split(",")
+    return args
+
+
+def main():
+    args = parse_args()
+    # The commit and the machine as the run begins: what it measures.
+    facts = run_facts()
     if not args.smoke:
         # Before any load runs: the pictures need matplotlib, and getting
         # it may start this script again.
@@ -240,10 +256,8 @@ def main():
     command = "benches/harness.py " + " ".join(sys.argv[1:])
     pictures = []
     for load in throughput_loads(args):
-        pictures.append(
-            f"[{load.split()[0]}{' ' + load.split()[1] if load.split()[0] == '4' else ''}]({svg_name(load)})"
-        )
-        picture(args, throughput, load, os.path.join(BENCHES, svg_name(load)))
+        pictures.append(picture_link(load))
+        load_picture(args, throughput, load, os.path.join(BENCHES, svg_name(load)))
     if instructions and instructions_picture(instructions, os.path.join(BENCHES, "instructions.svg")):
         pictures.append("[instructions by part](instructions.svg)")
     write(args, command, facts, table, throughput, pictures)

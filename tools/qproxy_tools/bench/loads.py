@@ -1,15 +1,14 @@
-"""The loads: wrk and h2load runs and what their reports say, the proxy's
-cost counted while one runs, and the loads of the benchmark method by
-name."""
+"""The loads: wrk, h2load and vegeta runs and what their reports say, and
+the loads of the benchmark method by name."""
 
+import csv
 import os
 import re
-import shutil
-import signal
 import subprocess
 
 from .. import ROOT
-from .procs import TICK, cpu_ticks, machine_ticks, pin, rss_kib
+from .procs import pin
+from .stats import percentile
 
 # Load 12's script (wrk's Lua).
 EVENTS_SCRIPT = os.path.join(ROOT, "benches", "loads", "events.lua")
@@ -23,21 +22,18 @@ def parse_duration(s):
     return v * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
 
 
-def run_wrk(bins, port, path, conns, seconds, client_cpu, scheme="http", headers=(), script=None):
+def wrk_argv(wrk, url, conns, seconds, threads=1, headers=(), script=None):
+    """wrk's command line: `conns` connections on `threads` threads for
+    `seconds`, with the latency distribution, each header of `headers` and
+    the Lua `script` if given."""
     extra = [a for h in headers for a in ("-H", h)] + (["-s", script] if script else [])
+    return [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--latency", *extra, url]
+
+
+def run_wrk(bins, port, path, conns, seconds, client_cpu, scheme="http", headers=(), script=None):
+    url = f"{scheme}://127.0.0.1:{port}{path}"
     out = subprocess.run(
-        pin(
-            client_cpu,
-            [
-                bins["wrk"],
-                "-t1",
-                f"-c{conns}",
-                f"-d{seconds}s",
-                "--latency",
-                *extra,
-                f"{scheme}://127.0.0.1:{port}{path}",
-            ],
-        ),
+        pin(client_cpu, wrk_argv(bins["wrk"], url, conns, seconds, headers=headers, script=script)),
         capture_output=True,
         text=True,
         check=True,
@@ -112,62 +108,66 @@ def parse_h2load(out):
     }
 
 
-class Perf:
-    """Counts a process's instructions, system calls and context switches
-    while a load runs (tracepoints work in a VM; instructions may not)."""
-
-    EVENTS = {"instructions": "instructions", "raw_syscalls:sys_enter": "syscalls", "context-switches": "switches"}
-
-    def __init__(self, pids):
-        self.proc = None
-        if pids and shutil.which("perf"):
-            events = [a for e in self.EVENTS for a in ("-e", e)]
-            self.proc = subprocess.Popen(
-                ["perf", "stat", "-x,", *events, "-p", ",".join(map(str, pids))],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-
-    def stop(self):
-        """{"instructions": n, "syscalls": n, "switches": n}, what was counted."""
-        if not self.proc:
-            return {}
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate()
-        counts = {}
-        for line in err.splitlines():
-            fields = line.split(",")
-            if len(fields) > 2 and fields[0].isdigit():
-                for event, key in self.EVENTS.items():
-                    if fields[2] == event or fields[2].startswith(event + ":"):
-                        counts[key] = int(fields[0])
-        return counts
+def run_vegeta(bins, port, url_path, rate, seconds, client_cpu):
+    """`rate` requests a second for `seconds`, sent whatever the answers'
+    latency; what came back (`parse_vegeta`)."""
+    attack = subprocess.Popen(
+        pin(
+            client_cpu,
+            [
+                bins["vegeta"],
+                "attack",
+                f"-rate={max(1, round(rate))}/s",
+                f"-duration={seconds}s",
+                "-timeout=30s",
+                "-max-body=0",
+            ],
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    encode = subprocess.Popen(
+        [bins["vegeta"], "encode", "--to=csv"], stdin=attack.stdout, stdout=subprocess.PIPE, text=True
+    )
+    attack.stdin.write(f"GET http://127.0.0.1:{port}{url_path}\n".encode())
+    attack.stdin.close()
+    attack.stdout.close()
+    out, _ = encode.communicate()
+    attack.wait()
+    if attack.returncode != 0 or encode.returncode != 0:
+        raise RuntimeError(f"vegeta exited {attack.returncode}, its encoder {encode.returncode}")
+    return {**parse_vegeta(out, seconds), "rate": rate}
 
 
-def measured(contender, bins, load, args, app_pid):
-    """Runs `load` against a started contender; adds the proxy's CPU, its
-    instructions, system calls and context switches per request, and its
-    CPU against the app's (the study's measure)."""
-    pids = contender.pids()
-    client_cpu = 1 if contender.variant == "pinned" else None
-    before, app_before = cpu_ticks(pids), cpu_ticks([app_pid])
-    steal_before, all_before = machine_ticks()
-    perf = Perf(pids) if not args.smoke else None
-    result = load(client_cpu)
-    counts = perf.stop() if perf else {}
-    steal_after, all_after = machine_ticks()
-    result["steal"] = (steal_after - steal_before) / max(all_after - all_before, 1)
-    ticks = cpu_ticks(pids) - before
-    app_ticks = cpu_ticks([app_pid]) - app_before
-    n = max(result["requests"], 1)
-    result["cpu_us"] = ticks / TICK / n * 1e6 if pids else None
-    result["cpu_s"] = ticks / TICK
-    result["vs_app"] = ticks / app_ticks if pids and app_ticks else None
-    for key in ("instructions", "syscalls", "switches"):
-        result[key] = counts[key] / n if key in counts else None
-    result["peak_rss"] = rss_kib(pids, "VmHWM:") / 1024 if pids else None
-    return result
+def parse_vegeta(text, seconds):
+    """vegeta's results as `encode --to=csv` writes them (one request a
+    line: when it was sent in ns, code, latency in ns, bytes out, bytes in,
+    error, ...): requests sent, 2xx answers per second over the time from
+    the first request sent to the last answer (the run's seconds at least:
+    a queue still draining after the last request stretches it), the 2xx
+    answers' p50 and p99, the 503s and every other failure (another
+    status, or no answer)."""
+    codes, good, first, last = [], [], None, None
+    for row in csv.reader(text.splitlines()):
+        if len(row) < 3:
+            continue
+        sent, code, latency = int(row[0]), int(row[1]), int(row[2])
+        codes.append(code)
+        first = sent if first is None else min(first, sent)
+        last = sent + latency if last is None else max(last, sent + latency)
+        if 200 <= code < 300:
+            good.append(latency / 1e9)
+    good.sort()
+    span = max(seconds, (last - first) / 1e9) if codes else seconds
+    return {
+        "sent": len(codes),
+        "goodput": len(good) / span,
+        "span": span,
+        "p50": percentile(good, 0.50),
+        "p99": percentile(good, 0.99),
+        "shed": sum(c == 503 for c in codes),
+        "errors": sum(not (200 <= c < 300) and c != 503 for c in codes),
+    }
 
 
 # Loads on the TLS port: HTTP/1.1 over TLS 1.3, kept alive, and one

@@ -1,5 +1,6 @@
-"""The processes a benchmark runs and what it reads of them: ports, waits,
-CPU time and memory from /proc, CPU pinning, the app."""
+"""The processes a benchmark runs and what it reads of them: ports (free,
+and those a load left in TIME-WAIT), waits, CPU time and memory from
+/proc, CPU pinning, the app."""
 
 import os
 import signal
@@ -11,12 +12,32 @@ import urllib.request
 
 TICK = os.sysconf("SC_CLK_TCK")
 HELLO = b"Hello World!\n"
+# The TIME-WAIT connections below which the next open load starts.
+TIME_WAIT_SETTLED = 1000
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def time_wait_sockets():
+    """The machine's TCP connections in TIME-WAIT."""
+    out = subprocess.run(["ss", "-Htan", "state", "time-wait"], capture_output=True, text=True).stdout
+    return len(out.splitlines())
+
+
+def ports_settled(timeout=120):
+    """Waits until the connections an open load closed have left TIME-WAIT
+    (a load above capacity holds thousands at once, each through qproxy to
+    the app: two loopback ports each), so that the next run finds ports to
+    bind and to connect from."""
+    deadline = time.monotonic() + timeout
+    while time_wait_sockets() > TIME_WAIT_SETTLED:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{time_wait_sockets()} connections still in TIME-WAIT after {timeout} s")
+        time.sleep(1)
 
 
 def wait_for(what, cond, timeout=20.0):

@@ -1,31 +1,16 @@
 """What a harness run reports: every table (benches/side-by-side.md), the
-short section RESULTS.md keeps between its markers, and a picture per
-load."""
+short section RESULTS.md keeps between its markers, and the names of its
+pictures (drawn by `plots`)."""
 
-import datetime
 import os
-import platform
 import re
-import statistics
 
-from .. import ROOT, plotting
-from ..repository import git
 from .callgrind import COUNTED_REQUESTS, PARTS
 from .loads import TLS_HANDSHAKES, TLS_KEEP_ALIVE, throughput_loads
+from .pages import BENCHES, RESULTS, fmt, write_section
+from .stats import med
 
-BENCHES = os.path.join(ROOT, "benches")
 BEGIN, END = "<!-- harness:begin -->", "<!-- harness:end -->"
-
-
-def med(rounds, key):
-    vals = [r[key] for r in rounds if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
-
-
-def fmt(v, unit="", digits=1):
-    if v is None:
-        return "–"
-    return f"{v:,.{digits}f}{unit}"
 
 
 def report(args, throughput, concurrency, footprint, allocations=None, instructions=None):
@@ -137,19 +122,6 @@ def compact(args, throughput):
     return "\n".join(lines) + "\n"
 
 
-def run_facts():
-    """The run's day, the commit it measured (and whether the tree had
-    changes beside it) and the machine."""
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
-        commit += " with uncommitted changes"
-    cpu = platform.processor()
-    with open("/proc/cpuinfo") as f:
-        m = re.search(r"model name\s*:\s*(.*)", f.read())
-        cpu = m.group(1) if m else cpu
-    return f"{datetime.date.today()}, commit {commit}, {os.cpu_count()} vCPU {cpu}, Linux {platform.release()}"
-
-
 def run_line(args, command, facts):
     """The run's facts (`run_facts` as the run began), its command, rounds
     and seconds."""
@@ -174,88 +146,7 @@ def write(args, command, facts, table, throughput, pictures):
         f"{BEGIN}\n## Side by side (`benches/harness.py`)\n\n{line}. Every table of the run: "
         f"[side-by-side.md](side-by-side.md).\n\n{compact(args, throughput)}\n{END}"
     )
-    path = os.path.join(BENCHES, "RESULTS.md")
-    with open(path) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write(between_markers(text, section, BEGIN, END))
-
-
-def between_markers(text, section, begin, end):
-    """`text` with what lies between `begin` and `end` (both included)
-    replaced by `section`, or `section` added at its end."""
-    if begin in text and end in text:
-        return text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
-    return text.rstrip() + "\n\n" + section + "\n"
-
-
-def picture(args, throughput, load, path):
-    """One figure for a load: every contender's throughput and proxy CPU
-    per request, side by side, pinned and unpinned; qproxy set apart by
-    colour."""
-    plt = plotting.pyplot()
-    names = [n for n in args.contenders if any(throughput.get((v, load, n)) for v in args.variants)]
-    colour = plotting.colours(names)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    width = 0.8 / max(len(names), 1)
-    panels = (("requests per second", "rps"), ("proxy CPU per request (µs)", "cpu_us"))
-    for ax, (title, key) in zip(axes, panels, strict=False):
-        for i, name in enumerate(names):
-            values = [med(throughput.get((v, load, name), []), key) or 0 for v in args.variants]
-            xs = [x + (i - (len(names) - 1) / 2) * width for x in range(len(args.variants))]
-            ax.bar(xs, values, width, label=name, color=colour[name])
-        ax.set_xticks(range(len(args.variants)), list(args.variants))
-        ax.set_title(title, fontsize=10)
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.suptitle(f"load {load} (median of the rounds)")
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Date": None})
-    plt.close(fig)
-
-
-def instructions_picture(instructions, path):
-    """Load 1's instructions per request: each qproxy build's as a stack
-    of its parts (PARTS), every other proxy's total beside them, nginx's
-    total drawn across."""
-    plt = plotting.pyplot()
-    names = [n for n, by in instructions.items() if by.get("load 1")]
-    if not names:
-        return False
-    colour = plotting.colours(names)
-    order = [p for p, _ in PARTS] + ["other"]
-    shades = plt.get_cmap("tab20").colors
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    for y, name in enumerate(names):
-        parts = instructions[name].get("load 1 parts") or {}
-        if name.startswith("qproxy") and any(v > 0 for v in parts.values()):
-            left = 0
-            for i, part in enumerate(order):
-                width = max(parts.get(part, 0), 0)
-                ax.barh(y, width, left=left, color=shades[i % len(shades)], label=part if y == 0 else None)
-                left += width
-        else:
-            ax.barh(y, instructions[name]["load 1"], color=colour[name])
-    # Envoy's request costs several times the others': its bar is cut at
-    # the frame, and every bar carries its total.
-    totals = [instructions[n]["load 1"] for n in names]
-    limit = 1.6 * sorted(totals)[len(totals) // 2]
-    ax.set_xlim(0, limit)
-    for y, total in enumerate(totals):
-        ax.text(
-            min(total, limit), y, f" {total:,.0f}", fontsize=8, va="center", ha="left" if total < limit else "right"
-        )
-    nginx = instructions.get("nginx", {}).get("load 1")
-    if nginx:
-        ax.axvline(nginx, color="black", linestyle="--", linewidth=1)
-        ax.text(nginx, len(names) - 0.5, " nginx", fontsize=8, va="bottom")
-    ax.set_yticks(range(len(names)), names)
-    ax.invert_yaxis()
-    ax.set_xlabel("user-space instructions per request (callgrind, load 1's GET)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Date": None})
-    plt.close(fig)
-    return True
+    write_section(RESULTS, section, BEGIN, END)
 
 
 def svg_name(load):
@@ -265,3 +156,9 @@ def svg_name(load):
         + ("-" + re.sub(r"[^a-z0-9]+", "-", load.split(" ", 1)[1].lower()).strip("-") if load.split()[0] == "4" else "")
         + ".svg"
     )
+
+
+def picture_link(load):
+    """A load's picture as side-by-side.md links it: "[1](load1.svg)",
+    load 4's with its size."""
+    return f"[{load.split()[0]}{' ' + load.split()[1] if load.split()[0] == '4' else ''}]({svg_name(load)})"
