@@ -226,13 +226,6 @@ impl<B: http_body::Body, G: Settle> Guarded<B, G> {
     }
 }
 
-/// An answer of qproxy's own made above the breaker holds no slot.
-impl<B: From<ReplyBody>> From<ReplyBody> for qproxy_breaker::PermitBody<B> {
-    fn from(body: ReplyBody) -> Self {
-        qproxy_breaker::PermitBody::new(B::from(body))
-    }
-}
-
 impl<B: http_body::Body + From<ReplyBody>, G: Settle> From<ReplyBody> for Guarded<B, G> {
     fn from(body: ReplyBody) -> Self {
         Self::new(B::from(body), None)

@@ -1,27 +1,24 @@
 //! What every layer of qproxy shares, below all of them: request and
 //! reply bodies and their guards, a request's facts (read once where it
-//! comes in), the answers qproxy makes itself in Go's words, the tunnels
-//! of upgraded connections, Knative's header names, Go's formatting, the
-//! TLS crypto provider, the events of a directory the kubelet mounts, and
-//! the parts of the environment every layer reads ([`config`]: the
+//! comes in), the answers qproxy makes itself in Go's words, Knative's
+//! header names, the TLS crypto provider, the small servers' [`Endpoint`]
+//! and the parts of the environment every layer reads ([`config`]: the
 //! revision, the generation, qproxy's options, the variables and their
 //! errors).
 //!
-//! It imports nothing of qproxy's but `qproxy-http1`, so that no two
-//! crates above it need each other.
+//! Of qproxy's crates it imports only `qproxy-http1` (the body types it
+//! reads requests into: `MakeBody`, `WholeBody`, `BoxError`), so that no
+//! two crates above it need each other; what only the sidecar uses lives
+//! in the sidecar.
 
 pub mod body;
 pub mod config;
 pub mod crypto;
-pub mod dir_events;
 pub mod facts;
-pub mod go;
 pub mod headers;
 pub mod reply;
-pub mod tunnel_registry;
 
 use std::future::Future;
-use std::net::SocketAddr;
 
 use body::RequestBody;
 use bytes::Bytes;
@@ -56,12 +53,4 @@ pub fn metrics_route<B>(
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     res
-}
-
-/// What a server knows of one accepted connection.
-#[derive(Debug, Clone, Copy)]
-pub struct Accepted {
-    /// The client's address (IPv4 clients of a dual-stack socket show as
-    /// IPv4).
-    pub remote: SocketAddr,
 }

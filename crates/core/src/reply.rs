@@ -1,5 +1,6 @@
-//! The answers qproxy makes itself, shaped as Go's `net/http` shapes them,
-//! and the future of a layer that answers some requests itself.
+//! The answers qproxy makes itself, shaped as Go's `net/http` shapes them
+//! (the metrics servers' `404` among them, so they are here, below every
+//! crate that answers).
 //!
 //! Knative's queue-proxy answers from three places, and Go writes each a
 //! little differently, which clients can see:
@@ -14,15 +15,10 @@
 //!   reason in the status line and the body, and the connection closed
 //!   ([`server_error`]).
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
 use http::{Response, StatusCode};
 use hyper::ext::ReasonPhrase;
-use pin_project_lite::pin_project;
 
 use super::body::ReplyBody;
 
@@ -61,84 +57,6 @@ pub fn server_error(status: StatusCode, reason: &str) -> Response<ReplyBody> {
         res.extensions_mut().insert(phrase);
     }
     res
-}
-
-/// An answer that takes a while to make (a readiness check, say).
-pub type Later = Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send>>;
-
-pin_project! {
-    /// The response future of a layer that answers some requests itself
-    /// and passes the others on: the inner service's response, or one of
-    /// the layer's own, made now or later.
-    #[project = AnsweringProj]
-    #[allow(missing_docs)]
-    pub enum Answering<F> {
-        /// Passed on to the inner service.
-        Inner { #[pin] inner: F },
-        /// Passed on to the inner service, its response made the
-        /// connection's last (`Connection: close`) unless it switches
-        /// protocols.
-        Last { #[pin] inner: F },
-        /// Answered here; taken once polled.
-        Now { res: Option<Response<ReplyBody>> },
-        /// Answered here, once the answer is made.
-        Later { answer: Later },
-    }
-}
-
-impl<F> Answering<F> {
-    /// The inner service's response.
-    pub fn inner(inner: F) -> Self {
-        Answering::Inner { inner }
-    }
-
-    /// The inner service's response, the last on its connection.
-    pub fn last(inner: F) -> Self {
-        Answering::Last { inner }
-    }
-
-    /// `res`, at once.
-    pub fn now(res: Response<ReplyBody>) -> Self {
-        Answering::Now { res: Some(res) }
-    }
-
-    /// The response `answer` makes.
-    pub fn later(answer: impl Future<Output = Response<ReplyBody>> + Send + 'static) -> Self {
-        Answering::Later {
-            answer: Box::pin(answer),
-        }
-    }
-}
-
-impl<F, B, E> Future for Answering<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: From<ReplyBody>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let res = match self.project() {
-            AnsweringProj::Inner { inner } => return inner.poll(cx),
-            AnsweringProj::Last { inner } => {
-                let mut answer = std::task::ready!(inner.poll(cx));
-                if let Ok(res) = &mut answer
-                    && res.status() != StatusCode::SWITCHING_PROTOCOLS
-                {
-                    res.headers_mut()
-                        .insert(CONNECTION, HeaderValue::from_static("close"));
-                }
-                return Poll::Ready(answer);
-            }
-            // Polled again after it completed: it never completes again.
-            AnsweringProj::Now { res } => match res.take() {
-                Some(res) => res,
-                None => return Poll::Pending,
-            },
-            AnsweringProj::Later { answer } => std::task::ready!(answer.as_mut().poll(cx)),
-        };
-        Poll::Ready(Ok(res.map(B::from)))
-    }
 }
 
 #[cfg(test)]

@@ -32,8 +32,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use qproxy_core::go::go_duration;
-use qproxy_core::tunnel_registry::Tunnels;
+use crate::go::go_duration;
+use crate::tunnel_registry::Tunnels;
 
 /// Drains the main port; cheap to clone, every clone is the same drain.
 #[derive(Debug, Clone)]

@@ -18,6 +18,10 @@
 //! this list):
 //!
 //! - [`config`]: the environment contract, parsed once into a [`Config`];
+//!   beside it what the layers above share and import nothing of qproxy's:
+//!   `go` (Go's formatting of durations and strings), `tunnel_registry`
+//!   (the upgraded connections open, for the drain) and `dir_events` (the
+//!   events of a directory the kubelet mounts);
 //! - `readiness`: the user container's readiness probe;
 //! - `drain`: stopping without losing a request;
 //! - `proxy`: the reverse proxy to the user container;
@@ -37,9 +41,11 @@
 mod admin;
 pub mod config;
 pub mod demo;
+mod dir_events;
 mod drain;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
+mod go;
 mod layers;
 mod profiling;
 mod proxy;
@@ -48,6 +54,7 @@ pub mod server;
 mod stack;
 mod stat_server;
 mod tls;
+mod tunnel_registry;
 
 pub mod headers {
     //! Knative's per-request header rules, as plain functions over a

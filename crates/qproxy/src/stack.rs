@@ -45,6 +45,7 @@
 //! then.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -67,8 +68,7 @@ use crate::layers::upgrade::UpgradeHoldLayer;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
-use qproxy_core::Accepted;
-use qproxy_core::tunnel_registry::Tunnels;
+use crate::tunnel_registry::Tunnels;
 use qproxy_observe::autoscaler_stats::layer::StatsLayer;
 use qproxy_observe::observing::{ObservedBody, observe};
 use qproxy_observe::request_log::layer::{LoggedBody, RequestLogLayer};
@@ -119,7 +119,7 @@ pub(crate) struct PortState {
 /// The service handling the requests of one main-port connection.
 pub(crate) fn main_service(
     port: &PortState,
-    conn: Accepted,
+    remote: SocketAddr,
 ) -> impl Service<
     Request<RequestBody>,
     Response = Response<MainBody>,
@@ -134,30 +134,32 @@ pub(crate) fn main_service(
         .layer(UpgradeHoldLayer::new(port.tunnels.clone()))
         .layer(RequestLogLayer::new(
             observers.request_log.clone(),
-            conn.remote,
-            port.options,
+            remote,
+            port.options.clone(),
         ))
         .layer(HealthLayer::new(
             port.drainer.clone(),
             port.readiness.clone(),
             port.own_metrics.startup.clone(),
         ))
-        .layer(observe(revision_observers(port, conn)))
+        .layer(observe(revision_observers(port, remote)))
         .layer(TimeoutLayer::new(
             port.timeouts,
             port.generation,
-            port.options,
+            port.options.clone(),
         ))
         .layer(observe(proxy_observers(port)))
         .layer(concurrency::layer(
             port.breaker.clone(),
             port.own_metrics.queue_wait.clone(),
+            port.options.clone(),
         ))
         .layer(observe(app_observers(port)))
         .service(Proxy::new(
             port.upstream.clone(),
-            conn.remote.ip(),
+            remote.ip(),
             port.own_metrics.startup.clone(),
+            port.options.clone(),
         ))
 }
 
@@ -165,10 +167,10 @@ pub(crate) fn main_service(
 /// revision's request metrics.
 type RevisionObservers = (TraceLayer, MetricsLayer);
 
-fn revision_observers(port: &PortState, conn: Accepted) -> RevisionObservers {
+fn revision_observers(port: &PortState, remote: SocketAddr) -> RevisionObservers {
     let observers = &port.observers;
     (
-        TraceLayer::server(observers.traces.clone(), conn.remote),
+        TraceLayer::server(observers.traces.clone(), remote),
         MetricsLayer::revision(observers.request_metrics.clone()),
     )
 }

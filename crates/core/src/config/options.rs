@@ -28,6 +28,7 @@
 //! naming no option, is one warning and leaves the default in place: a
 //! revision's annotation is never a reason not to serve.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::error::ConfigError;
@@ -196,32 +197,34 @@ impl Options {
     }
 }
 
-/// The options in force in this process: those of the pod qproxy serves.
-static IN_FORCE: AtomicU8 = AtomicU8::new(0);
-
 /// The options in force: the defaults with the pod's annotations applied,
-/// changed when the annotations change. The handle takes no room: the
-/// options are the pod's, one set per process, so that a layer that reads
-/// them adds nothing to a connection's state or a request's. Each read is
-/// one relaxed atomic load, so a change applies to the requests that reach
-/// the reader after it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LiveOptions;
+/// changed when the annotations change. A handle: its clones share one set,
+/// which the server makes when it starts and hands to every layer that
+/// reads it (and to what follows the annotations). Each read is one relaxed
+/// atomic load, so a change applies to the requests that reach the reader
+/// after it.
+#[derive(Debug, Clone, Default)]
+pub struct LiveOptions(Arc<AtomicU8>);
 
 impl LiveOptions {
+    /// `options` in force, until [`set`](Self::set) changes them.
+    pub fn new(options: Options) -> Self {
+        Self(Arc::new(AtomicU8::new(options.bits())))
+    }
+
     /// The options in force.
-    pub fn get(self) -> Options {
-        Options::from_bits(IN_FORCE.load(Ordering::Relaxed))
+    pub fn get(&self) -> Options {
+        Options::from_bits(self.0.load(Ordering::Relaxed))
     }
 
     /// Whether `opt` is in force.
-    pub fn has(self, opt: Opt) -> bool {
+    pub fn has(&self, opt: Opt) -> bool {
         self.get().has(opt)
     }
 
-    /// Puts `options` in force from now on.
-    pub fn set(self, options: Options) {
-        IN_FORCE.store(options.bits(), Ordering::Relaxed);
+    /// Puts `options` in force from now on, for every clone of this handle.
+    pub fn set(&self, options: Options) {
+        self.0.store(options.bits(), Ordering::Relaxed);
     }
 }
 

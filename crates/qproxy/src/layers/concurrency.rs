@@ -66,31 +66,38 @@ fn adaptive_breaker() -> Breaker {
 }
 
 /// Limits the requests reaching the app with `breaker`, their waits for a
-/// slot counted in `waits` (and noted for the request log).
+/// slot counted in `waits` (and noted for the request log, and for
+/// `Server-Timing` when `options` turn it on).
 pub(crate) fn layer<B: From<ReplyBody>>(
     breaker: Option<Breaker>,
     waits: Option<Arc<QueueWait>>,
+    options: LiveOptions,
 ) -> ConcurrencyLayer<B> {
     BreakerLayer::new(breaker, queue_full::<B> as fn(QueueFull) -> Response<B>)
         .exempt(KubeletProbes)
-        .waited(QueueWaits(waits))
+        .waited(QueueWaits { waits, options })
 }
 
 /// Counts each request's wait for a slot, when counted, and notes it on
 /// the request for its log line ([`WaitNote`]) when that asks, and for
 /// `Server-Timing` ([`SlotWait`]) when that option is on.
 #[derive(Debug, Clone)]
-pub(crate) struct QueueWaits(Option<Arc<QueueWait>>);
+pub(crate) struct QueueWaits {
+    /// The count of waits, when counted.
+    waits: Option<Arc<QueueWait>>,
+    /// qproxy's options: whether `Server-Timing` is on.
+    options: LiveOptions,
+}
 
 impl<B> Waited<B> for QueueWaits {
     fn waited(&self, req: &mut Request<B>, wait: Duration) {
-        if let Some(waits) = &self.0 {
+        if let Some(waits) = &self.waits {
             waits.record(wait);
         }
         if let Some(note) = WaitNote::of(req) {
             note.note(wait);
         }
-        if LiveOptions.has(Opt::ServerTiming) {
+        if self.options.has(Opt::ServerTiming) {
             req.extensions_mut().insert(SlotWait(wait));
         }
     }
@@ -172,7 +179,8 @@ mod tests {
     #[tokio::test]
     async fn a_slot_is_held_until_the_body_ends() {
         let breaker = breaker(1, false).unwrap();
-        let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), None, LiveOptions::default())
+            .layer(service_fn(answer));
         let res = service.oneshot(Request::new(())).await.unwrap();
         assert_eq!(breaker.in_flight(), 1, "answered, the body not yet sent");
         let mut body = res.into_body();
@@ -186,7 +194,8 @@ mod tests {
     #[tokio::test]
     async fn a_slot_is_freed_when_the_body_is_dropped_early() {
         let breaker = breaker(1, false).unwrap();
-        let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), None, LiveOptions::default())
+            .layer(service_fn(answer));
         let mut body = service.oneshot(Request::new(())).await.unwrap().into_body();
         body.frame().await.unwrap().unwrap();
         assert_eq!(breaker.in_flight(), 1);
@@ -197,7 +206,8 @@ mod tests {
     #[tokio::test]
     async fn a_kubelet_probe_takes_no_slot_and_a_full_queue_is_503() {
         let breaker = breaker(1, false).unwrap();
-        let service = layer::<QueuedFrames>(Some(breaker.clone()), None).layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(Some(breaker.clone()), None, LiveOptions::default())
+            .layer(service_fn(answer));
         let held = service.clone().oneshot(Request::new(())).await.unwrap();
         // One slot, ten places: the queue fills with ten waiting requests.
         let mut waiting = Vec::new();
@@ -230,8 +240,12 @@ mod tests {
     async fn each_admitted_request_s_wait_is_counted_once_probes_not() {
         let breaker = breaker(1, false).unwrap();
         let waits = Arc::new(QueueWait::default());
-        let service = layer::<QueuedFrames>(Some(breaker.clone()), Some(waits.clone()))
-            .layer(service_fn(answer));
+        let service = layer::<QueuedFrames>(
+            Some(breaker.clone()),
+            Some(waits.clone()),
+            LiveOptions::default(),
+        )
+        .layer(service_fn(answer));
         let held = service.clone().oneshot(Request::new(())).await.unwrap();
         assert_eq!(waits.count(), 1, "a free slot: a wait of zero");
         let mut queued = Box::pin(service.clone().oneshot(Request::new(())));

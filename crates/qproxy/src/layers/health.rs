@@ -31,12 +31,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
 use tower::{Layer, Service};
 
+use super::answering::{Answering, FromReply};
 use crate::drain::Drainer;
 use crate::readiness::Readiness;
 use qproxy_core::body::ReplyBody;
 use qproxy_core::facts::{HasFacts, HealthKind, facts};
 use qproxy_core::headers::{K_NETWORK_HASH, K_NETWORK_PROBE};
-use qproxy_core::reply::{Answering, http_error, text};
+use qproxy_core::reply::{http_error, text};
 use qproxy_observe::startup::Startup;
 
 /// `K-Network-Probe` value of health checks.
@@ -88,7 +89,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Health<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ReqBody: HasFacts,
-    ResBody: From<ReplyBody>,
+    ResBody: FromReply,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;

@@ -4,6 +4,7 @@
 //! only change the request on its way in implement [`Rewrite`] and are
 //! applied with [`RewriteLayer`].
 
+pub(crate) mod answering;
 pub(crate) mod concurrency;
 pub(crate) mod forwarded;
 pub(crate) mod health;

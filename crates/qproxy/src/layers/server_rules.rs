@@ -23,8 +23,9 @@ use http::header::HOST;
 use http::{Method, Request, Response, StatusCode, Version};
 use tower::{Layer, Service};
 
+use super::answering::{Answering, FromReply};
 use qproxy_core::body::ReplyBody;
-use qproxy_core::reply::{Answering, server_error};
+use qproxy_core::reply::server_error;
 
 /// Adds [`ServerRules`] to a stack.
 #[derive(Debug, Clone, Copy, Default)]
@@ -47,7 +48,7 @@ pub(crate) struct ServerRules<S> {
 impl<S, B, ResBody> Service<Request<B>> for ServerRules<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>, Error = Infallible>,
-    ResBody: From<ReplyBody>,
+    ResBody: FromReply,
 {
     type Response = Response<ResBody>;
     type Error = Infallible;

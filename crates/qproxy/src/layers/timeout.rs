@@ -49,18 +49,19 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
+use super::answering::FromReply;
 use crate::config::{Generation, LiveOptions, Opt, Timeouts};
+use crate::go::go_duration;
+use crate::tunnel_registry::TunnelDeadline;
 use qproxy_core::body::{BoxError, ReplyBody};
 use qproxy_core::facts::{HasFacts, facts};
-use qproxy_core::go::go_duration;
 use qproxy_core::reply::text;
-use qproxy_core::tunnel_registry::TunnelDeadline;
 
 /// The body of the `504`.
 const REQUEST_TIMEOUT: &str = "request timeout";
 
 /// Adds [`Timeout`] to a stack.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct TimeoutLayer {
     timeouts: Timeouts,
     generation: Generation,
@@ -87,7 +88,7 @@ impl<S> Layer<S> for TimeoutLayer {
             inner,
             timeouts: self.timeouts,
             generation: self.generation,
-            options: self.options,
+            options: self.options.clone(),
             spare: SpareTimers::default(),
         }
     }
@@ -111,7 +112,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Timeout<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>, Error = Infallible>,
     ReqBody: HasFacts,
-    ResBody: http_body::Body + From<ReplyBody>,
+    ResBody: http_body::Body + FromReply,
 {
     type Response = Response<TimeoutBody<ResBody>>;
     type Error = Infallible;
@@ -282,7 +283,7 @@ pin_project! {
 impl<F, B> Future for TimeoutFuture<F>
 where
     F: Future<Output = Result<Response<B>, Infallible>>,
-    B: http_body::Body + From<ReplyBody>,
+    B: http_body::Body + FromReply,
 {
     type Output = Result<Response<TimeoutBody<B>>, Infallible>;
 
@@ -300,7 +301,7 @@ where
         // Go's handler writes the status and the text, no more: the type is
         // sniffed, and there is no `X-Content-Type-Options`.
         let res = text(StatusCode::GATEWAY_TIMEOUT, REQUEST_TIMEOUT);
-        Poll::Ready(Ok(res.map(|body| TimeoutBody::plain(B::from(body)))))
+        Poll::Ready(Ok(res.map(|body| TimeoutBody::plain(B::from_reply(body)))))
     }
 }
 
@@ -397,12 +398,9 @@ impl<B> TimeoutBodyProj<'_, B> {
     }
 }
 
-impl<B> From<ReplyBody> for TimeoutBody<B>
-where
-    B: From<ReplyBody>,
-{
-    fn from(body: ReplyBody) -> Self {
-        TimeoutBody::plain(B::from(body))
+impl<B: FromReply> FromReply for TimeoutBody<B> {
+    fn from_reply(body: ReplyBody) -> Self {
+        TimeoutBody::plain(B::from_reply(body))
     }
 }
 
@@ -569,7 +567,7 @@ mod tests {
             }
             Ok::<_, Infallible>(Response::new(ReplyBody::empty()))
         });
-        TimeoutLayer::new(t, Generation::Classic, LiveOptions).layer(app)
+        TimeoutLayer::new(t, Generation::Classic, LiveOptions::default()).layer(app)
     }
 
     fn get(path: &str) -> Request<()> {

@@ -20,8 +20,9 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
+use super::answering::FromReply;
+use crate::tunnel_registry::{Tunnel, Tunnels};
 use qproxy_core::body::ReplyBody;
-use qproxy_core::tunnel_registry::{Tunnel, Tunnels};
 
 /// Adds [`UpgradeHold`] to a stack.
 #[derive(Debug, Clone, Default)]
@@ -57,7 +58,7 @@ pub(crate) struct UpgradeHold<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for UpgradeHold<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: From<ReplyBody> + Send + 'static,
+    ResBody: FromReply + Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -87,7 +88,7 @@ pin_project! {
 impl<F, B, E> Future for HoldFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: From<ReplyBody> + Send + 'static,
+    B: FromReply + Send + 'static,
 {
     type Output = Result<Response<B>, E>;
 
@@ -95,7 +96,7 @@ where
         let this = self.project();
         let mut res = std::task::ready!(this.inner.poll(cx))?;
         if let Some(tunnel) = res.extensions_mut().remove::<Tunnel>() {
-            let body = std::mem::replace(res.body_mut(), B::from(ReplyBody::empty()));
+            let body = std::mem::replace(res.body_mut(), B::from_reply(ReplyBody::empty()));
             tunnel.keep(body);
             tunnel.keep(this.tunnels.opened());
         }
@@ -112,6 +113,7 @@ mod tests {
     use tower::{ServiceExt, service_fn};
 
     use super::*;
+    use crate::config::LiveOptions;
     use crate::layers::concurrency;
 
     /// An app that accepts every upgrade; each tunnel it opens goes into
@@ -143,7 +145,8 @@ mod tests {
         let breaker = concurrency::breaker(1, false).unwrap();
         let tunnels = Tunnels::default();
         let service = UpgradeHoldLayer::new(tunnels.clone()).layer(
-            concurrency::layer::<ReplyBody>(Some(breaker.clone()), None).layer(app(opened.clone())),
+            concurrency::layer::<ReplyBody>(Some(breaker.clone()), None, LiveOptions::default())
+                .layer(app(opened.clone())),
         );
         let res = service.oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::SWITCHING_PROTOCOLS);

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use qproxy_core::go::go_quote;
+use crate::go::go_quote;
 
 /// A failure talking to the user container.
 #[derive(Debug, thiserror::Error)]

@@ -37,11 +37,11 @@ use tower::Service;
 use crate::config::{LiveOptions, Opt};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::timing::Timing;
+use crate::tunnel_registry::TunnelDeadline;
 pub(crate) use error::UpstreamError;
 use qproxy_core::body::{Content, ReplyBody, RequestBody};
 use qproxy_core::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
 use qproxy_core::reply::http_error;
-use qproxy_core::tunnel_registry::TunnelDeadline;
 use qproxy_observe::startup::Startup;
 use tunnel_copy::AppSide;
 pub(crate) use upstream::{Answer, Http1Request, Upstream};
@@ -54,11 +54,18 @@ pub(crate) struct Proxy {
     client_ip: HeaderValue,
     /// Told when the app answers, for its first answer.
     startup: Arc<Startup>,
+    /// qproxy's options: whether `Server-Timing` is on.
+    options: LiveOptions,
 }
 
 impl Proxy {
     /// A proxy for requests arriving from `client`.
-    pub(crate) fn new(upstream: Arc<Upstream>, client: IpAddr, startup: Arc<Startup>) -> Self {
+    pub(crate) fn new(
+        upstream: Arc<Upstream>,
+        client: IpAddr,
+        startup: Arc<Startup>,
+        options: LiveOptions,
+    ) -> Self {
         // An IP address is always a valid header value.
         let client_ip = HeaderValue::try_from(client.to_canonical().to_string())
             .unwrap_or_else(|_| HeaderValue::from_static(""));
@@ -66,6 +73,7 @@ impl Proxy {
             upstream,
             client_ip,
             startup,
+            options,
         }
     }
 }
@@ -80,7 +88,7 @@ impl Service<Request<RequestBody>> for Proxy {
     }
 
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        if LiveOptions.has(Opt::ServerTiming) {
+        if self.options.has(Opt::ServerTiming) {
             return self.answer_with_timing(req);
         }
         self.answer(req)
@@ -410,8 +418,7 @@ fn pass_on<B>(res: &mut Response<B>) {
     res.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
 }
 
-/// The app's response, [passed on](pass_on), its connection handed back
-/// at once when its body is already over.
+/// The app's response, [passed on](pass_on).
 fn finish(mut res: Response<ProxyBody>) -> Response<ProxyBody> {
     pass_on(&mut res);
     res
@@ -478,9 +485,17 @@ mod tests {
             .unwrap();
         let _guard = rt.enter();
         let startup = Arc::new(Startup::begin());
-        let proxy = Proxy::new(upstream.clone(), mapped, startup.clone());
+        let proxy = Proxy::new(
+            upstream.clone(),
+            mapped,
+            startup.clone(),
+            LiveOptions::default(),
+        );
         assert_eq!(proxy.client_ip, "192.0.2.9");
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
-        assert_eq!(Proxy::new(upstream, v6, startup).client_ip, "2001:db8::1");
+        assert_eq!(
+            Proxy::new(upstream, v6, startup, LiveOptions::default()).client_ip,
+            "2001:db8::1"
+        );
     }
 }

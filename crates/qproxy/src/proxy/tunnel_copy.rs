@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 
 use crate::proxy::body::ProxyBody;
 use crate::proxy::upstream::AppIo;
-use qproxy_core::tunnel_registry::{Tunnel, TunnelDeadline};
+use crate::tunnel_registry::{Tunnel, TunnelDeadline};
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;

@@ -35,8 +35,8 @@ use tower::{Layer, Service, service_fn};
 use super::Listener;
 use super::listener::HEAD_TIMEOUT;
 use crate::layers::server_rules::ServerRulesLayer;
+use qproxy_core::Endpoint;
 use qproxy_core::body::{BoxError, RequestBody};
-use qproxy_core::{Accepted, Endpoint};
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
 use qproxy_http1::server::conn::{Ended, Protocols, serve_connection};
 use qproxy_http1::server::{HeadClock, Rewind};
@@ -92,6 +92,14 @@ fn go_http2() -> http2::Builder<TokioExecutor> {
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .max_header_list_size(MAX_HEADER_LIST_SIZE);
     http2
+}
+
+/// What a server knows of one accepted connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Accepted {
+    /// The client's address (IPv4 clients of a dual-stack socket show as
+    /// IPv4).
+    pub(crate) remote: SocketAddr,
 }
 
 /// Serves connections accepted on `listener` until `stop` turns true,

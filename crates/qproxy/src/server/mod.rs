@@ -38,9 +38,9 @@ use crate::readiness::{HttpOptions, Readiness};
 use crate::stack::{self, PortState};
 use crate::stat_server::{self, REPORTING_PERIOD, StatsEndpoint};
 use crate::tls::TlsPort;
+use crate::tunnel_registry::Tunnels;
 use conn::{main_builder, serve, small_server};
 use podinfo::PodInfo;
-use qproxy_core::tunnel_registry::Tunnels;
 use qproxy_observe::OwnMetrics;
 use qproxy_observe::adaptive_limit::AdaptiveLimit;
 use qproxy_observe::autoscaler_stats::view::AutoscalerView;
@@ -164,8 +164,8 @@ impl MainPort {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
-        let conn = qproxy_core::Accepted { remote };
-        let service = stack::main_service(&self.shared, conn);
+        let conn = conn::Accepted { remote };
+        let service = stack::main_service(&self.shared, remote);
         conn::connection(
             io,
             qproxy_http1::server::HeadClock::new(listener::HEAD_TIMEOUT),
@@ -237,10 +237,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
             &own_metrics,
         )?,
         own_metrics,
-        options: {
-            LiveOptions.set(options);
-            LiveOptions
-        },
+        options: LiveOptions::new(options),
     };
     let reporter = Arc::new(Reporter::new(
         config.revision.pod.clone(),
@@ -302,7 +299,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     ))];
     loops.extend(observers.spawn_upkeep());
     if let Some((podinfo, started)) = podinfo {
-        loops.push(tokio::spawn(podinfo.follow(main.options, started)));
+        loops.push(tokio::spawn(podinfo.follow(main.options.clone(), started)));
     }
 
     let mut servers = JoinSet::new();
@@ -313,7 +310,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
             listener,
             main_builder(),
             Some(tls.acceptor.clone()),
-            move |conn| stack::main_service(&main, conn),
+            move |conn| stack::main_service(&main, conn.remote),
             graceful.clone(),
             stopped.clone(),
         ));
@@ -323,7 +320,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
         server.main,
         main_builder(),
         None,
-        move |conn| stack::main_service(&main, conn),
+        move |conn| stack::main_service(&main, conn.remote),
         graceful.clone(),
         stopped.clone(),
     ));

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::{LiveOptions, Opt, Options};
-use qproxy_core::dir_events::DirEvents;
+use crate::dir_events::DirEvents;
 
 /// The annotations file in the directory Knative mounts.
 const FILE: &str = "annotations";

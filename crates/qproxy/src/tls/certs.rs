@@ -25,7 +25,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::time::Instant;
 
-use qproxy_core::dir_events::DirEvents;
+use crate::dir_events::DirEvents;
 
 /// The certificate's file name in the directory (`certificates.CertName`).
 pub(crate) const CERT_FILE: &str = "tls.crt";

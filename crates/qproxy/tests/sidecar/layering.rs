@@ -17,7 +17,7 @@ use qproxy_test_support::modgraph::{ModGraph, ROOT};
 /// before its own. The crate root's own items (`run`, `shutdown_signal`)
 /// sit above the server they start.
 const LAYERS: &[&[&str]] = &[
-    &["config"],
+    &["config", "go", "tunnel_registry", "dir_events"],
     &["readiness", "drain", "proxy", "tls"],
     &["layers"],
     &["stack"],

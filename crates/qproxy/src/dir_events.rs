@@ -22,7 +22,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 
 /// The events of one directory; without inotify (or once it fails), a
 /// change never shows, and the periodic re-read is all there is.
-pub struct DirEvents {
+pub(crate) struct DirEvents {
     stream: Option<EventStream<[u8; 1024]>>,
     /// What the directory holds, for logs: "the certificate directory".
     what: &'static str,
@@ -30,7 +30,7 @@ pub struct DirEvents {
 
 impl DirEvents {
     /// The events of `dir`, which holds `what`.
-    pub fn new(dir: &Path, what: &'static str) -> Self {
+    pub(crate) fn new(dir: &Path, what: &'static str) -> Self {
         let stream = (|| {
             let inotify = Inotify::init()?;
             inotify.watches().add(
@@ -60,12 +60,12 @@ impl DirEvents {
     }
 
     /// Whether inotify is watching (if not, a change never shows).
-    pub fn watching(&self) -> bool {
+    pub(crate) fn watching(&self) -> bool {
         self.stream.is_some()
     }
 
     /// Waits for the directory to change, then for its events to settle.
-    pub async fn changed(&mut self) {
+    pub(crate) async fn changed(&mut self) {
         let Some(stream) = self.stream.as_mut() else {
             return std::future::pending().await;
         };

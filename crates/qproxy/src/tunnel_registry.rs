@@ -17,14 +17,14 @@ use tokio::time::Instant;
 
 /// When the upgraded connection of a request must be closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TunnelDeadline(pub Instant);
+pub(crate) struct TunnelDeadline(pub(crate) Instant);
 
 /// Keeps things alive for as long as an upgraded connection is open.
 ///
 /// Found in the extensions of a `101` response; cloning gives another
 /// handle to the same tunnel.
 #[derive(Debug, Clone)]
-pub struct Tunnel {
+pub(crate) struct Tunnel {
     /// `None` once the tunnel has closed.
     kept: Arc<Mutex<Option<Kept>>>,
 }
@@ -34,7 +34,7 @@ type Kept = Vec<Box<dyn Any + Send>>;
 
 impl Tunnel {
     /// A tunnel that has just opened, keeping nothing yet.
-    pub fn open() -> Self {
+    pub(crate) fn open() -> Self {
         Tunnel {
             kept: Arc::new(Mutex::new(Some(Vec::new()))),
         }
@@ -42,7 +42,7 @@ impl Tunnel {
 
     /// Keeps `thing` until the tunnel closes; drops it at once if it has
     /// closed already.
-    pub fn keep(&self, thing: impl Any + Send) {
+    pub(crate) fn keep(&self, thing: impl Any + Send) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(kept) = kept.as_mut() {
             kept.push(Box::new(thing));
@@ -50,7 +50,7 @@ impl Tunnel {
     }
 
     /// Drops everything kept; later [`Tunnel::keep`]s drop at once.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let kept = self
             .kept
             .lock()
@@ -62,7 +62,7 @@ impl Tunnel {
 
 /// The upgraded connections open at one time; cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub struct Tunnels {
+pub(crate) struct Tunnels {
     inner: Arc<TunnelCount>,
 }
 
@@ -74,7 +74,7 @@ struct TunnelCount {
 
 /// Counts one open tunnel until dropped.
 #[derive(Debug)]
-pub struct OpenTunnel(Arc<TunnelCount>);
+pub(crate) struct OpenTunnel(Arc<TunnelCount>);
 
 impl Drop for OpenTunnel {
     fn drop(&mut self) {
@@ -86,12 +86,12 @@ impl Drop for OpenTunnel {
 
 impl Tunnels {
     /// How many tunnels are open.
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.inner.open.load(Ordering::Acquire)
     }
 
     /// Waits until no tunnel is open.
-    pub async fn all_closed(&self) {
+    pub(crate) async fn all_closed(&self) {
         loop {
             let notified = self.inner.all_closed.notified();
             tokio::pin!(notified);
@@ -105,7 +105,7 @@ impl Tunnels {
     }
 
     /// Counts one more open tunnel, until the returned guard is dropped.
-    pub fn opened(&self) -> OpenTunnel {
+    pub(crate) fn opened(&self) -> OpenTunnel {
         self.inner.open.fetch_add(1, Ordering::AcqRel);
         OpenTunnel(self.inner.clone())
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// A whole number of seconds as Go's `time.Duration` prints it: `30s`,
 /// `5m0s`, `1h0m0s`.
-pub fn go_duration(d: Duration) -> String {
+pub(crate) fn go_duration(d: Duration) -> String {
     let secs = d.as_secs();
     let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
     match (h, m) {
@@ -17,7 +17,7 @@ pub fn go_duration(d: Duration) -> String {
 
 /// `s` quoted as Go's `%q` quotes it: printable characters as they are,
 /// `"` and `\\` escaped, control characters and invalid UTF-8 as escapes.
-pub fn go_quote(s: &[u8]) -> String {
+pub(crate) fn go_quote(s: &[u8]) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for chunk in s.utf8_chunks() {
