@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -94,21 +93,16 @@ const MIX: usize = 7;
 /// scrapes in a row read the same: a request's instruments are recorded
 /// one after another, and a scrape can fall between them.
 async fn scrape_measured(metrics: SocketAddr, requests: usize) -> String {
-    let deadline = Instant::now() + deadline();
+    let what = format!("{requests} requests measured, two scrapes alike");
     let mut before = Vec::new();
-    loop {
+    until(&what, async || {
         let text = scrape(metrics).await;
         let now = stable_lines(&text);
-        if measured(&text) >= requests as f64 && now == before {
-            return text;
-        }
+        let settled = measured(&text) >= requests as f64 && now == before;
         before = now;
-        assert!(
-            Instant::now() < deadline,
-            "{requests} requests were not measured: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if settled { Ok(text) } else { Err(text) }
+    })
+    .await
 }
 
 /// Lines in one list and not the other, for a readable failure.
@@ -295,38 +289,29 @@ fn metrics_resource(batches: &MetricBatches) -> BTreeMap<String, String> {
 /// request while its body sizes do not yet. Two equal exports in a row
 /// mean every instrument has caught up.
 async fn exported(collector: &OtlpCollector, requests: usize) {
-    let deadline = Instant::now() + deadline();
-    loop {
-        let settled = {
-            let guard = collector.metrics.lock().unwrap();
-            let measured: u64 = guard
-                .last()
-                .into_iter()
-                .flat_map(|b| &b.resource_metrics)
-                .flat_map(|rm| &rm.scope_metrics)
-                .flat_map(|sm| &sm.metrics)
-                .filter(|m| m.name == "http.server.request.duration")
-                .map(|m| match &m.data {
-                    Some(metric::Data::Histogram(h)) => h.data_points.iter().map(|p| p.count).sum(),
-                    _ => 0,
-                })
-                .sum();
-            // Only then are the exports compared: the shapes are large.
-            measured >= requests as u64
-                && match guard.as_slice() {
-                    [.., before, last] => export_shape(before, 0) == export_shape(last, 0),
-                    _ => false,
-                }
-        };
-        if settled {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{requests} requests were not exported, or the exports did not settle"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{requests} requests exported, two exports alike");
+    until(&what, async || {
+        let guard = collector.metrics.lock().unwrap();
+        let measured: u64 = guard
+            .last()
+            .into_iter()
+            .flat_map(|b| &b.resource_metrics)
+            .flat_map(|rm| &rm.scope_metrics)
+            .flat_map(|sm| &sm.metrics)
+            .filter(|m| m.name == "http.server.request.duration")
+            .map(|m| match &m.data {
+                Some(metric::Data::Histogram(h)) => h.data_points.iter().map(|p| p.count).sum(),
+                _ => 0,
+            })
+            .sum();
+        // Only then are the exports compared: the shapes are large.
+        measured >= requests as u64
+            && match guard.as_slice() {
+                [.., before, last] => export_shape(before, 0) == export_shape(last, 0),
+                _ => false,
+            }
+    })
+    .await;
 }
 
 /// The resource attributes that differ on purpose (docs/differences.md,
@@ -447,9 +432,8 @@ async fn traced(
     // client traces it, as a root.
     let res = h1(main, get("/probe", &[("K-Kubelet-Probe", "1")])).await;
     res.collect().await.unwrap();
-    let deadline = Instant::now() + deadline();
-    let probe = loop {
-        let probe = collector
+    let probe = until("a span for the probe", async || {
+        collector
             .spans
             .lock()
             .unwrap()
@@ -459,13 +443,9 @@ async fn traced(
                     .get("url.full")
                     .is_some_and(|u| u.ends_with("/probe"))
             })
-            .cloned();
-        if let Some(probe) = probe {
-            break probe;
-        }
-        assert!(Instant::now() < deadline, "no span for the probe");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+            .cloned()
+    })
+    .await;
     let spans: BTreeMap<String, Span> = spans
         .into_iter()
         .chain([("probe".to_owned(), probe)])

@@ -3,7 +3,6 @@
 //! environment in front of the same app.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use http::Response;
 use qproxy_test_support::*;
@@ -26,11 +25,10 @@ async fn compare_all(go: SocketAddr, qp: SocketAddr, when: &str) {
 
 /// Waits until a kubelet health check on `addr` answers `503`.
 async fn wait_draining(addr: SocketAddr) {
-    let deadline = Instant::now() + deadline();
-    while health_check(addr, &[KUBELET, QUEUE]).await.status != 503 {
-        assert!(Instant::now() < deadline, "health checks never failed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("health checks failing", async || {
+        health_check(addr, &[KUBELET, QUEUE]).await.status == 503
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

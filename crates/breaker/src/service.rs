@@ -171,6 +171,9 @@ where
             self.waited.waited(&mut req, Duration::ZERO);
             return ResponseFuture::called(self.inner.call(req), Some(permit));
         }
+        // The wait is timed from before it is logged, so that whoever reads
+        // the line knows the wait had begun.
+        let since = Instant::now();
         tracing::debug!(waiting = breaker.waiting(), "request queued for a slot");
         // The inner service was readied for this call: take it along, and
         // leave a fresh clone for the next one.
@@ -181,7 +184,7 @@ where
             Queued {
                 inner,
                 req,
-                since: Instant::now(),
+                since,
                 waited: self.waited.clone(),
             },
         )

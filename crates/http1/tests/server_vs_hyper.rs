@@ -26,7 +26,7 @@ use qproxy_http1::server::MAX_BODY;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::service_fn;
 
-use support::{TestBody, spawn_connection};
+use support::{Server, TestBody, spawn_connection};
 
 type AnswerBody = BoxBody<Bytes, Infallible>;
 type MakeResponse = fn() -> Response<AnswerBody>;
@@ -59,19 +59,23 @@ enum Reading {
 /// with `answer`, treating bodies as `reading` says; closes the
 /// client's end after it when `hang_up`.
 /// Returns what came back until the connection closed or went quiet,
-/// with each `Date` masked, and the requests the service saw.
+/// with each `Date` masked, the requests the service saw, and which
+/// server gave it each.
 async fn run_with(
     own: bool,
     sent: &[u8],
     answer: MakeResponse,
     hang_up: bool,
     reading: Reading,
-) -> (String, Vec<Seen>) {
+) -> (String, Vec<Seen>, Vec<Server>) {
     let (mut client, server) = tokio::io::duplex(1 << 18);
     let seen = Arc::new(Mutex::new(Vec::new()));
+    let served = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
+    let record_server = served.clone();
     let service = service_fn(move |req: Request<TestBody>| {
         let record = record.clone();
+        record_server.lock().unwrap().push(req.body().server());
         async move {
             let (parts, body) = req.into_parts();
             let length = body.size_hint().exact();
@@ -129,7 +133,8 @@ async fn run_with(
         .collect::<Vec<_>>()
         .join("\r\n");
     let seen = std::mem::take(&mut *seen.lock().unwrap());
-    (got, seen)
+    let served = std::mem::take(&mut *served.lock().unwrap());
+    (got, seen, served)
 }
 
 /// Runs `sent` both ways and checks that they agree; returns what
@@ -140,8 +145,23 @@ async fn same(sent: &[u8], answer: MakeResponse, hang_up: bool) -> String {
 
 /// [`same`], the service treating bodies as `reading` says.
 async fn same_with(sent: &[u8], answer: MakeResponse, hang_up: bool, reading: Reading) -> String {
-    let (ours, ours_seen) = run_with(true, sent, answer, hang_up, reading).await;
-    let (hyper, hyper_seen) = run_with(false, sent, answer, hang_up, reading).await;
+    same_served(sent, answer, hang_up, reading).await.0
+}
+
+/// [`same_with`]; and which server gave the service each request when
+/// this crate's server serves the connection first.
+async fn same_served(
+    sent: &[u8],
+    answer: MakeResponse,
+    hang_up: bool,
+    reading: Reading,
+) -> (String, Vec<Server>) {
+    let (ours, ours_seen, ours_served) = run_with(true, sent, answer, hang_up, reading).await;
+    let (hyper, hyper_seen, hyper_served) = run_with(false, sent, answer, hang_up, reading).await;
+    assert!(
+        hyper_served.iter().all(|s| *s == Server::Hyper),
+        "hyper alone: {hyper_served:?}"
+    );
     assert_eq!(
         ours,
         hyper,
@@ -154,7 +174,7 @@ async fn same_with(sent: &[u8], answer: MakeResponse, hang_up: bool, reading: Re
         "requests of {:?}",
         String::from_utf8_lossy(sent)
     );
-    ours
+    (ours, ours_served)
 }
 
 fn body(b: impl Into<Full<Bytes>>) -> AnswerBody {
@@ -284,44 +304,58 @@ async fn every_response_is_written_as_hyper_writes_it() {
 
 #[tokio::test(start_paused = true)]
 async fn every_request_reaches_the_service_as_hyper_reads_it() {
-    let requests: &[&[u8]] = &[
-        b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nX-M: 1\r\nX-M: 2\r\nAccept: */*\r\n\r\n",
-        b"GET http://example.com/x HTTP/1.1\r\nHost: a\r\n\r\n",
-        b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
-        b"GET / HTTP/1.1\nHost: a\n\n",
-        b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \xe9t\xe9\r\nX-Empty:\r\n\r\n",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n",
-        b"GET / HTTP/1.0\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
-        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
-        b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-        // Pipelined: served here, then by hyper from the request with
-        // a body on.
-        b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nPOST /3 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /4 HTTP/1.1\r\nHost: a\r\n\r\n",
+    use Server::{Here, Hyper};
+    // Each request, and which server gives the service each of its
+    // requests when this crate's serves first, where that is the point.
+    let requests: &[(&[u8], Option<&[Server]>)] = &[
+        (b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nX-M: 1\r\nX-M: 2\r\nAccept: */*\r\n\r\n", None),
+        (b"GET http://example.com/x HTTP/1.1\r\nHost: a\r\n\r\n", None),
+        (b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", None),
+        (b"GET / HTTP/1.1\nHost: a\n\n", None),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \xe9t\xe9\r\nX-Empty:\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", None),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n", None),
+        (b"GET / HTTP/1.0\r\n\r\n", None),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n", None),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n", None),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", None),
+        (b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", None),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", None),
+        // Pipelined, a body that came whole among them: all served here.
+        (b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nPOST /3 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /4 HTTP/1.1\r\nHost: a\r\n\r\n", Some(&[Here, Here, Here, Here])),
+        // Pipelined: served here, then by hyper from the chunked request
+        // on, the one after it included.
+        (b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nPOST /2 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nGET /3 HTTP/1.1\r\nHost: a\r\n\r\n", Some(&[Here, Hyper, Hyper])),
         // A head split across the pipelined bytes.
-        b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHo",
+        (b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHo", Some(&[Here])),
         // Bodies that came whole, served here, then what follows.
-        b"POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
-        b"POST /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiPUT /2 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nyouGET /3 HTTP/1.1\r\nHost: a\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: close\r\n\r\nxGET / HTTP/1.1\r\nHost: a\r\n\r\n",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 00003\r\n\r\nabc",
+        (b"POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello", Some(&[Here])),
+        (b"POST /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiPUT /2 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nyouGET /3 HTTP/1.1\r\nHost: a\r\n\r\n", Some(&[Here, Here, Here])),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: close\r\n\r\nxGET / HTTP/1.1\r\nHost: a\r\n\r\n", Some(&[Here])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 00003\r\n\r\nabc", Some(&[Here])),
         // Bodies for hyper: still coming, a length said twice or not
-        // in digits, `Expect`, one over the size served here.
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nhello",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +2\r\n\r\nhi",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 2\r\n\r\nhi",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\nhi",
-        b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+        // in digits (which hyper refuses before any service sees them),
+        // `Expect`, a length beside chunks.
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nhello", Some(&[Hyper])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi", Some(&[Hyper])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +2\r\n\r\nhi", Some(&[])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 2\r\n\r\nhi", Some(&[])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\nhi", Some(&[])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi", Some(&[Hyper])),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", Some(&[Hyper])),
     ];
-    for request in requests {
-        same(request, ANSWERS[1].1, false).await;
+    for (request, servers) in requests {
+        let (_, served) = same_served(request, ANSWERS[1].1, false, Reading::First).await;
+        if let Some(servers) = servers {
+            assert_eq!(
+                served,
+                *servers,
+                "which served {:?}",
+                String::from_utf8_lossy(request)
+            );
+        }
     }
 }
 
@@ -380,8 +414,9 @@ async fn a_hang_up_after_a_body_counts_once_the_body_is_read() {
     let sent = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello";
     // The service ran to its end: the request was not abandoned while
     // its body waited unread (its answer then finds the client gone).
-    let (_, seen) = run_with(true, sent, ANSWERS[1].1, true, Reading::Never).await;
+    let (_, seen, served) = run_with(true, sent, ANSWERS[1].1, true, Reading::Never).await;
     assert_eq!(seen.len(), 1);
+    assert_eq!(served, [Server::Here]);
     let abandoned = same_with(sent, ANSWERS[1].1, true, Reading::ThenWait).await;
     assert_eq!(abandoned, "");
 }
@@ -396,9 +431,10 @@ async fn a_body_left_unread_keeps_the_connection_as_go_does() {
         format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {MAX_BODY}\r\n\r\n").into_bytes();
     sent.resize(sent.len() + MAX_BODY, b'b');
     sent.extend_from_slice(GET);
-    let (got, seen) = run_with(true, &sent, ANSWERS[1].1, false, Reading::Never).await;
+    let (got, seen, served) = run_with(true, &sent, ANSWERS[1].1, false, Reading::Never).await;
     assert_eq!(got.matches("HTTP/1.1 200 OK").count(), 2, "{got:?}");
     assert_eq!(seen.len(), 2);
+    assert_eq!(served, [Server::Here, Server::Here], "both served here");
 }
 
 #[tokio::test(start_paused = true)]

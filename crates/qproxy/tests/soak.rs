@@ -654,7 +654,7 @@ async fn soak_mixed_load_with_the_app_restarted_loses_nothing_and_holds_steady()
     // Once the clients are gone, so are their connections; and once the
     // app is, so are the idle connections kept to it for reuse.
     app.kill();
-    let settled = eventually(Duration::from_secs(20), || open_fds(pid) <= fds_at_start).await;
+    let settled = eventually(deadline(), || open_fds(pid) <= fds_at_start).await;
     let fds_after = open_fds(pid);
     eprintln!("  open descriptors once the clients left: {fds_after}");
 

@@ -160,18 +160,15 @@ pub async fn scrape(metrics: SocketAddr) -> String {
 /// Scrapes until `line` (a series and its value) shows; returns the whole
 /// exposition.
 pub async fn scrape_until(metrics: SocketAddr, line: &str) -> String {
-    let deadline = std::time::Instant::now() + crate::deadline();
-    loop {
+    crate::until(&format!("{line:?} in a scrape"), async || {
         let text = scrape(metrics).await;
         if text.lines().any(|l| l == line) {
-            return text;
+            Ok(text)
+        } else {
+            Err(text)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no {line:?} in {text}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// A metrics exposition without qproxy's own additions (the `qproxy_`

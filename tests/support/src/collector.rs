@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use http_body_util::BodyExt;
@@ -30,7 +29,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::tls::TestCa;
-use crate::{deadline, empty};
+use crate::{empty, until};
 
 /// A span as received, whatever the format.
 #[derive(Debug, Clone)]
@@ -328,8 +327,7 @@ async fn otlp_http_over(tls: Option<Arc<rustls::ServerConfig>>) -> (SocketAddr, 
 /// (and kind, for the HTTP ones: classic Knative names both after the
 /// path).
 pub async fn trace_spans(spans: &Spans, trace: &str, n: usize) -> HashMap<String, Span> {
-    let deadline = Instant::now() + deadline();
-    loop {
+    let got = until(&format!("{n} spans of {trace}"), async || {
         let got: Vec<Span> = spans
             .lock()
             .unwrap()
@@ -338,23 +336,19 @@ pub async fn trace_spans(spans: &Spans, trace: &str, n: usize) -> HashMap<String
             .cloned()
             .collect();
         if got.len() >= n {
-            assert_eq!(got.len(), n, "{got:#?}");
-            return got
-                .into_iter()
-                .map(|s| match s.kind.to_ascii_uppercase().as_str() {
-                    kind @ ("SERVER" | "CLIENT") => (format!("{kind} {}", s.name), s),
-                    _ => (s.name.clone(), s),
-                })
-                .collect();
+            Ok(got)
+        } else {
+            Err(spans.lock().unwrap().clone())
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} spans of {trace}: {:#?}",
-            got.len(),
-            spans.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert_eq!(got.len(), n, "{got:#?}");
+    got.into_iter()
+        .map(|s| match s.kind.to_ascii_uppercase().as_str() {
+            kind @ ("SERVER" | "CLIENT") => (format!("{kind} {}", s.name), s),
+            _ => (s.name.clone(), s),
+        })
+        .collect()
 }
 
 /// (scope, metric name, unit) → the histogram count or gauge value of

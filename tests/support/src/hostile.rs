@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 /// How long Knative's servers give a request head (`ReadHeaderTimeout`).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -15,11 +14,9 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// How a connection a hostile client held ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
-    /// The server closed it `after` it was opened, having written `bytes`
-    /// bytes to it (an HTTP/1 answer, or HTTP/2 frames).
+    /// The server closed it, having written `bytes` bytes to it (an
+    /// HTTP/1 answer, or HTTP/2 frames).
     Closed {
-        /// How long after it was opened.
-        after: Duration,
         /// How many bytes the server wrote before closing.
         bytes: usize,
     },
@@ -36,12 +33,8 @@ pub async fn hold(
     every_second: Option<&'static [u8]>,
     give_up: Duration,
 ) -> Held {
-    let opened = Instant::now();
     let Ok(stream) = TcpStream::connect(addr).await else {
-        return Held::Closed {
-            after: Duration::ZERO,
-            bytes: 0,
-        };
+        return Held::Closed { bytes: 0 };
     };
     let (mut read, mut write) = stream.into_split();
     let writer = async move {
@@ -63,10 +56,7 @@ pub async fn hold(
         while let Ok(n @ 1..) = read.read(&mut buf).await {
             bytes += n;
         }
-        Held::Closed {
-            after: opened.elapsed(),
-            bytes,
-        }
+        Held::Closed { bytes }
     };
     tokio::select! {
         held = reader => held,
@@ -139,19 +129,4 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 /// How many descriptors the process `pid` has open.
 pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-/// Waits until `cond` holds, checking every 20 ms, for at most `deadline`;
-/// says whether it came to hold.
-pub async fn eventually(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + deadline;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }

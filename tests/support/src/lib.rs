@@ -6,8 +6,9 @@
 //! Knative's own Go queue-proxy run beside it as the oracle ([`oracle`]),
 //! and a crate's module graph read off its sources ([`modgraph`]).
 //!
-//! Nothing waits by sleeping: every wait is on a condition with a deadline
-//! ([`deadline`]). Everything is re-exported here, so that a test can
+//! Nothing waits by sleeping: every wait is on an event ([`within`]) or
+//! on a condition ([`until`], the one way to wait on one), with a
+//! deadline ([`deadline`]). Everything is re-exported here, so that a test can
 //! `use qproxy_test_support::*`.
 
 // A test helper fails its test by panicking, with what went wrong.
@@ -54,11 +55,133 @@ pub fn seconds_from_env(var: &str, default: u64) -> Duration {
         .map_or(Duration::from_secs(default), Duration::from_secs)
 }
 
-/// Fails the test if `fut` does not finish within [`deadline`].
+/// Fails the test if `fut` does not finish within [`deadline`]: the bound
+/// on waiting for one event (an answer, a close, a message).
 pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
     match tokio::time::timeout(deadline(), fut).await {
         Ok(out) => out,
         Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// What a check of [`until`] gives: done (with what it found), or not yet
+/// (with what it saw instead, for the message if the wait times out).
+pub trait Check {
+    /// What the wait returns once the check passes.
+    type Done;
+    /// `Ok` when done; else what was seen instead, if anything.
+    fn done(self) -> Result<Self::Done, Option<String>>;
+}
+
+impl Check for bool {
+    type Done = ();
+    fn done(self) -> Result<(), Option<String>> {
+        if self { Ok(()) } else { Err(None) }
+    }
+}
+
+impl<T> Check for Option<T> {
+    type Done = T;
+    fn done(self) -> Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+impl<T, E: std::fmt::Debug> Check for Result<T, E> {
+    type Done = T;
+    fn done(self) -> Result<T, Option<String>> {
+        self.map_err(|seen| Some(format!("{seen:?}")))
+    }
+}
+
+/// How often [`until`] checks again.
+const RECHECK: Duration = Duration::from_millis(20);
+
+/// Waits until `check` passes (`true`, `Some`, `Ok`), checking again every
+/// 20 ms, and returns what it found; fails the test naming `what` (and
+/// what the last check saw) if [`deadline`] passes first. The one way the
+/// tests wait on a condition: nothing waits by sleeping.
+pub async fn until<C: Check>(what: &str, check: impl AsyncFnMut() -> C) -> C::Done {
+    until_within(deadline(), what, check).await
+}
+
+/// [`until`] with a bound of its own, for a wait that is long by design
+/// (a timeout of a minute to fire), or one of a suite with a deadline of
+/// its own.
+pub async fn until_within<C: Check>(
+    limit: Duration,
+    what: &str,
+    check: impl AsyncFnMut() -> C,
+) -> C::Done {
+    match wait(limit, check).await {
+        Ok(done) => done,
+        Err(seen) => timed_out(limit, what, seen),
+    }
+}
+
+/// The wait of [`until_within`]: what `check` found, or (once `limit` has
+/// passed) what it last saw instead.
+async fn wait<C: Check>(
+    limit: Duration,
+    mut check: impl AsyncFnMut() -> C,
+) -> Result<C::Done, Option<String>> {
+    let mut seen = None;
+    let waited = tokio::time::timeout(limit, async {
+        loop {
+            match check().await.done() {
+                Ok(done) => return done,
+                Err(now) => seen = now,
+            }
+            tokio::time::sleep(RECHECK).await;
+        }
+    })
+    .await;
+    waited.map_err(|_| seen)
+}
+
+/// Whether `cond` comes to hold within `limit`: [`until_within`]'s wait,
+/// for a caller that asserts on the answer itself.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    wait(limit, async || cond()).await.is_ok()
+}
+
+/// [`until_within`] for code on a thread of its own rather than a task
+/// (a test without a runtime, a `Drop`): the same checks, every 20 ms,
+/// the calling thread blocked between them.
+pub fn until_blocking<C: Check>(limit: Duration, what: &str, check: impl FnMut() -> C) -> C::Done {
+    match wait_blocking(limit, check) {
+        Ok(done) => done,
+        Err(seen) => timed_out(limit, what, seen),
+    }
+}
+
+/// [`eventually`] for code on a thread of its own, where a failure must
+/// not panic (a `Drop`).
+pub fn eventually_blocking(limit: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_blocking(limit, cond).is_ok()
+}
+
+/// The wait of [`until_blocking`], as [`wait`] is [`until_within`]'s.
+fn wait_blocking<C: Check>(
+    limit: Duration,
+    mut check: impl FnMut() -> C,
+) -> Result<C::Done, Option<String>> {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        match check().done() {
+            Ok(done) => return Ok(done),
+            Err(seen) if std::time::Instant::now() >= end => return Err(seen),
+            Err(_) => std::thread::sleep(RECHECK),
+        }
+    }
+}
+
+/// Fails the test: `what` did not come within `limit`; `seen` is what the
+/// last check saw instead, if it said.
+fn timed_out(limit: Duration, what: &str, seen: Option<String>) -> ! {
+    match seen {
+        Some(seen) => panic!("timed out after {limit:?} waiting for {what}; last seen: {seen}"),
+        None => panic!("timed out after {limit:?} waiting for {what}"),
     }
 }
 
@@ -131,17 +254,10 @@ pub async fn wait_lines_with(
     prefix: &str,
     lines: impl Fn() -> Vec<String>,
 ) -> Vec<String> {
-    let deadline = std::time::Instant::now() + deadline();
-    loop {
+    let what = format!("{what}: {n} lines");
+    until(&what, async || {
         let got = lines_with(prefix, lines());
-        if got.len() >= n {
-            return got;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: {} of {n} lines: {got:#?}",
-            got.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if got.len() >= n { Ok(got) } else { Err(got) }
+    })
+    .await
 }

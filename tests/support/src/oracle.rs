@@ -16,12 +16,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
-use std::time::Instant;
 
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use crate::{closed_port, deadline, signal};
+use crate::{closed_port, signal, until};
 
 /// The oracle's fixed ports are one machine-wide resource.
 static PORTS: LazyLock<Arc<AsyncMutex<()>>> = LazyLock::new(|| Arc::new(AsyncMutex::new(())));
@@ -151,25 +150,17 @@ impl GoQueueProxy {
     }
 
     async fn wait_serving(&mut self) {
-        let deadline = Instant::now() + deadline();
-        loop {
+        until("the Go queue-proxy to start", async || {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!(
                     "the Go queue-proxy exited ({status}): {:#?}",
                     self.output.lock().unwrap()
                 );
             }
-            if TcpStream::connect(self.main).await.is_ok()
+            TcpStream::connect(self.main).await.is_ok()
                 && TcpStream::connect(self.admin).await.is_ok()
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the Go queue-proxy did not start"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        })
+        .await;
     }
 
     /// Sends a signal (`TERM`, ...) to the process.

@@ -6,12 +6,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use qproxy::config::Generation;
 use serde_json::Value;
 
-use crate::deadline;
+use crate::{deadline, until_blocking};
 
 /// The `qproxy` binary the tests run: `QPROXY_BIN` when set, else the one
 /// cargo built beside the running test (`target/<profile>/qproxy`, which
@@ -359,13 +359,10 @@ impl QProxy {
     /// every line it wrote is in [`Self::logs`] by then.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + deadline();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "qproxy did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let child = &mut self.child;
+        let status = until_blocking(crate::deadline(), "qproxy to exit", || {
+            child.try_wait().unwrap()
+        });
         // What it wrote last may still be in the pipes: every line is
         // collected once both have reached their end.
         let (collected, changed) = &*self.logs;

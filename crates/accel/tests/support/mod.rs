@@ -8,6 +8,7 @@
 
 pub mod deploy;
 
+use qproxy_test_support::{Check, eventually_blocking, until_blocking};
 use std::{
     fs,
     io::{BufRead, BufReader, Read, Write},
@@ -20,7 +21,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
     },
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 /// How long any single wait may take: a minute, or
@@ -40,53 +41,40 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-/// Waits until `f` gives something, or fails the test naming `what`.
-pub fn until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
-    until_within(deadline(), what, f)
+/// Waits until `f` gives something, or fails the test naming `what`: the
+/// shared wait ([`qproxy_test_support::until_blocking`]) with this suite's
+/// deadline.
+pub fn until<C: Check>(what: &str, f: impl FnMut() -> C) -> C::Done {
+    until_blocking(deadline(), what, f)
 }
 
-/// [`until`] with a deadline of its own, for the long waits.
-pub fn until_within<T>(deadline: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
-    poll(deadline, f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
-}
+/// The agent's counters, shown as they are when a wait for one fails.
+struct Counters(String);
 
-/// What `f` gives before `deadline`, asked every 20 ms; `None` when the
-/// deadline passes first.
-fn poll<T>(deadline: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if start.elapsed() >= deadline {
-            return None;
-        }
-        thread::sleep(Duration::from_millis(20));
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\n{}", self.0)
     }
 }
 
 /// The machine this test needs: root, a cgroup2 mount, bpffs, and the
-/// agent built with its programs. `None` (after saying SKIPPED loudly)
-/// when it is not this machine, unless `QPROXY_ACCEL_REQUIRED` is set, as
-/// `scripts/test` sets it: then a missing prerequisite fails the test.
-pub fn kernel(test: &str) -> Option<Kernel> {
+/// agent built with its programs. A machine without them fails the test,
+/// saying which is missing: the tests are `#[ignore]`d for the machines
+/// that cannot run them, and run (`--include-ignored`) where they can.
+pub fn kernel() -> Kernel {
     let why = if !cfg!(feature = "bpf") {
         Some("built without the bpf feature (cargo test -p qproxy-accel --features bpf)")
     } else if !rustix::process::geteuid().is_root() {
         Some("not root")
-    } else if cgroup2_mount().is_none() {
-        Some("no cgroup2 mount")
     } else {
         None
     };
     if let Some(why) = why {
-        if std::env::var_os("QPROXY_ACCEL_REQUIRED").is_some() {
-            panic!("{test}: cannot run: {why}");
-        }
-        loud(&format!("SKIPPED {test}: {why}"));
-        return None;
+        panic!("cannot run here: {why}");
     }
-    let root = cgroup2_mount()?.join(unique("qpa-test"));
+    let root = cgroup2_mount()
+        .unwrap_or_else(|| panic!("cannot run here: no cgroup2 mount"))
+        .join(unique("qpa-test"));
     fs::create_dir(&root).unwrap();
     let bpffs = std::env::temp_dir().join(unique("qpa-bpffs"));
     fs::create_dir_all(&bpffs).unwrap();
@@ -96,10 +84,10 @@ pub fn kernel(test: &str) -> Option<Kernel> {
         .status()
         .unwrap();
     assert!(status.success(), "mounting bpffs at {}", bpffs.display());
-    Some(Kernel {
+    Kernel {
         cgroup: root,
         bpffs,
-    })
+    }
 }
 
 /// Says `what` on the test's stderr past libtest's capture (which takes
@@ -236,10 +224,8 @@ fn remove_cgroup(dir: &Path) {
     let _ = fs::write(dir.join("cgroup.kill"), "1");
     // Called from Drop, maybe while a test fails: no panic here, which
     // would abort the process and hide the test's own failure.
-    poll(deadline(), || {
-        fs::read_to_string(dir.join("cgroup.procs"))
-            .map_or(true, |p| p.trim().is_empty())
-            .then_some(())
+    eventually_blocking(deadline(), || {
+        fs::read_to_string(dir.join("cgroup.procs")).map_or(true, |p| p.trim().is_empty())
     });
     if let Err(e) = fs::remove_dir(dir) {
         loud(&format!("left the cgroup {}: {e}", dir.display()));
@@ -307,7 +293,7 @@ impl Pod {
         let pid = self.spawn(program, args, &[]);
         let i = self.children.iter().position(|c| c.id() == pid).unwrap();
         let mut child = self.children.remove(i);
-        let status = until_within(
+        let status = until_blocking(
             deadline,
             &format!("{} to finish", program.display()),
             || child.try_wait().unwrap(),
@@ -551,16 +537,17 @@ impl Agent {
     /// On a timeout, the panic shows every counter, so that a shortfall
     /// can be told from a fallback.
     pub fn wait_metric(&self, name: &str, pred: impl Fn(f64) -> bool) -> f64 {
-        poll(deadline(), || self.metric(name).filter(|v| pred(*v))).unwrap_or_else(|| {
-            let (_, all) = self.get("/metrics");
-            let ours: Vec<&str> = all
-                .lines()
-                .filter(|l| l.starts_with("qproxy_accel_"))
-                .collect();
-            panic!(
-                "timed out waiting for {name} to reach its expected value; the agent's counters:\n{}",
-                ours.join("\n")
-            )
+        let what = format!("{name} to reach its expected value (the agent's counters below)");
+        until(&what, || {
+            self.metric(name).filter(|v| pred(*v)).ok_or_else(|| {
+                let (_, all) = self.get("/metrics");
+                let ours: Vec<String> = all
+                    .lines()
+                    .filter(|l| l.starts_with("qproxy_accel_"))
+                    .map(str::to_owned)
+                    .collect();
+                Counters(ours.join("\n"))
+            })
         })
     }
 
@@ -690,30 +677,25 @@ pub struct Accelerated {
 }
 
 /// The common start of a test of the accelerated path: the agent attached
-/// with `extra` arguments, then a pod started after it, allowed. `None`
-/// when the test cannot run here.
-pub fn accelerated(test: &str, extra: &[&str]) -> Option<Accelerated> {
-    accelerated_with(test, extra, |kernel| app_pod(kernel, test))
+/// with `extra` arguments, then a pod started after it, allowed.
+pub fn accelerated(test: &str, extra: &[&str]) -> Accelerated {
+    accelerated_with(extra, |kernel| app_pod(kernel, test))
 }
 
 /// [`accelerated`], the pod started by `start` (its qproxy's process ID
 /// beside it).
-pub fn accelerated_with(
-    test: &str,
-    extra: &[&str],
-    start: impl FnOnce(&Kernel) -> (Pod, u32),
-) -> Option<Accelerated> {
-    let kernel = kernel(test)?;
+pub fn accelerated_with(extra: &[&str], start: impl FnOnce(&Kernel) -> (Pod, u32)) -> Accelerated {
+    let kernel = kernel();
     let agent = Agent::start(&kernel, extra);
     agent.wait_log("the programs attached", "attached under");
     let (pod, qproxy) = start(&kernel);
     agent.wait_accelerating(qproxy);
-    Some(Accelerated {
+    Accelerated {
         pod,
         qproxy,
         agent,
         kernel,
-    })
+    }
 }
 
 /// The pod's qproxy (`qp`) accelerated, requests on new connections to the

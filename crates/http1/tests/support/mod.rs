@@ -18,13 +18,33 @@ use qproxy_http1::server::{HeadClock, Lifecycle, MakeBody, WholeBody};
 use tokio::io::DuplexStream;
 use tower::Service;
 
-/// The request body a test service is given: none, one read whole by this
-/// crate's server, or hyper's.
+/// The request body a test service is given: none or one read whole, by
+/// this crate's server; or hyper's (empty or not), once the connection is
+/// hyper's.
 #[derive(Debug)]
 pub(crate) enum TestBody {
     Empty,
     Whole(WholeBody),
     Streamed(Incoming),
+}
+
+/// Which server gave the service a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Server {
+    /// This crate's.
+    Here,
+    /// hyper's.
+    Hyper,
+}
+
+impl TestBody {
+    /// Which server gave the service the request of this body.
+    pub(crate) fn server(&self) -> Server {
+        match self {
+            TestBody::Empty | TestBody::Whole(_) => Server::Here,
+            TestBody::Streamed(_) => Server::Hyper,
+        }
+    }
 }
 
 impl MakeBody for TestBody {
@@ -37,11 +57,7 @@ impl MakeBody for TestBody {
     }
 
     fn streamed(body: Incoming, _: &http::HeaderMap) -> Self {
-        if http_body::Body::is_end_stream(&body) {
-            TestBody::Empty
-        } else {
-            TestBody::Streamed(body)
-        }
+        TestBody::Streamed(body)
     }
 }
 

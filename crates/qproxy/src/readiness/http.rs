@@ -371,6 +371,95 @@ mod tests {
         );
     }
 
+    /// An app on loopback that holds each request until the test lets it
+    /// answer `200`: the sender of each request's release comes on the
+    /// receiver as the request arrives.
+    async fn held_app() -> (
+        qproxy_test_support::App,
+        tokio::sync::mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<()>>,
+    ) {
+        let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let app = qproxy_test_support::App::start(move |_| {
+            let arrived = arrived.clone();
+            async move {
+                let (release, released) = tokio::sync::oneshot::channel();
+                arrived.send(release).unwrap();
+                let _ = released.await;
+                http::Response::new(qproxy_test_support::full("ok"))
+            }
+        })
+        .await;
+        (app, arrivals)
+    }
+
+    /// Runs `test` with the paused clock moving only as the test moves it:
+    /// a blocking task, held to the end, keeps the clock from advancing on
+    /// its own while the runtime waits on the sockets.
+    async fn on_the_test_s_clock<F: std::future::Future>(test: F) -> F::Output {
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        let holder = tokio::task::spawn_blocking(move || {
+            let _ = held.recv();
+        });
+        let out = test.await;
+        drop(hold);
+        holder.await.unwrap();
+        out
+    }
+
+    const TRY: Duration = Duration::from_millis(100);
+
+    #[tokio::test(start_paused = true)]
+    async fn each_request_of_a_try_has_the_whole_timeout() {
+        let (app, mut arrivals) = held_app().await;
+        let mut action = get("/", &[]);
+        action.port = ProbePort(app.port());
+        // Current detection over h2c, then the probe: each held 60 ms, 120
+        // in all, past one 100 ms for both.
+        let options = HttpOptions {
+            auto_detect_http2: true,
+            generation: Generation::Current,
+        };
+        let answered = on_the_test_s_clock(async {
+            let driver = async {
+                for _ in ["the detection", "the probe"] {
+                    let release = arrivals.recv().await.unwrap();
+                    tokio::time::advance(Duration::from_millis(60)).await;
+                    release.send(()).unwrap();
+                }
+            };
+            tokio::join!(probe(&action, options, TRY), driver).0
+        })
+        .await;
+        assert!(answered.is_ok(), "{answered:?}");
+        let seen = app.seen();
+        assert_eq!(seen.len(), 2, "detection, then the probe: {seen:#?}");
+        assert!(seen.iter().all(|s| s.version == Version::HTTP_2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_held_past_the_timeout_fails_the_try() {
+        let (app, mut arrivals) = held_app().await;
+        let mut action = get("/", &[]);
+        action.port = ProbePort(app.port());
+        let options = HttpOptions {
+            auto_detect_http2: false,
+            generation: Generation::Current,
+        };
+        let answered = on_the_test_s_clock(async {
+            let driver = async {
+                let release = arrivals.recv().await.unwrap();
+                tokio::time::advance(TRY).await;
+                let _ = release.send(());
+            };
+            tokio::join!(probe(&action, options, TRY), driver).0
+        })
+        .await;
+        assert!(
+            matches!(answered, Err(ProbeError::Timeout(t)) if t == TRY),
+            "{answered:?}"
+        );
+    }
+
     #[test]
     fn custom_headers_leave_host_and_user_agent_to_the_client() {
         let h = custom_headers(&get(

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use http::Response;
@@ -34,19 +34,15 @@ async fn app() -> App {
 
 /// Waits until health checks answer `503 shutting down`.
 async fn wait_health_failing(main: SocketAddr) {
-    let deadline = Instant::now() + deadline();
-    loop {
+    let body = until("health checks to fail", async || {
         match kubelet_health(main).await {
-            (503, body) => {
-                assert_eq!(body, "shutting down\n");
-                return;
-            }
-            (200, _) => {}
+            (503, body) => Some(body),
+            (200, _) => None,
             other => panic!("unexpected health answer {other:?}"),
         }
-        assert!(Instant::now() < deadline, "health checks never failed");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await;
+    assert_eq!(body, "shutting down\n");
 }
 
 /// Clients sending requests back to back on keep-alive connections until
@@ -81,15 +77,11 @@ impl Load {
     }
 
     async fn wait_answered(&self, n: usize) {
-        let deadline = Instant::now() + deadline();
-        while self.answered() < n {
-            assert!(
-                Instant::now() < deadline,
-                "only {} answers",
-                self.answered()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until(&format!("{n} answers"), async || {
+            let answered = self.answered();
+            if answered >= n { Ok(()) } else { Err(answered) }
+        })
+        .await;
     }
 
     /// Stops the clients after their current request; returns how many
@@ -207,11 +199,10 @@ async fn sigterm_drains_without_losing_a_request() {
     let before = slow_seen();
     let main = qp.main;
     let last = tokio::spawn(async move { text(h1(main, get("/slow", &[])).await).await });
-    let deadline = Instant::now() + deadline();
-    while slow_seen() == before {
-        assert!(Instant::now() < deadline, "the last request never arrived");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until("the last request at the app", async || {
+        slow_seen() != before
+    })
+    .await;
     let total = load.finish().await;
     assert!(total >= at_term + 200);
     assert_eq!(
@@ -275,13 +266,10 @@ async fn a_connection_still_sending_once_the_drain_settles_is_closed_after_its_a
 
     qp.signal("TERM");
     wait_health_failing(qp.main).await;
-    let deadline = Instant::now() + deadline();
-    while !ask(&mut sender).await {
-        assert!(
-            Instant::now() < deadline,
-            "the drain never closed the connection"
-        );
-    }
+    until("the drain to close the connection", async || {
+        ask(&mut sender).await
+    })
+    .await;
     // The answer was the connection's last: qproxy closes it.
     within("the connection's end", conn).await.unwrap().unwrap();
     assert!(qp.is_running(), "requests kept the drain open");

@@ -327,20 +327,13 @@ async fn the_autoscaler_s_view_is_served_beside_the_request_metrics_in_both_gene
         // A whole reporting window with both in flight: the autoscaler
         // reads 2, one of them proxied, as the stats port says too.
         let port = qp.metrics.expect("the metrics port");
-        let deadline = std::time::Instant::now() + deadline();
-        let text = loop {
+        let text = until("concurrencies of 2 and 1", async || {
             let text = scrape(port).await;
             let both = sample(&text, "qproxy_autoscaler_average_concurrency") == Some(2.0);
             let one = sample(&text, "qproxy_autoscaler_average_proxied_concurrency") == Some(1.0);
-            if both && one {
-                break text;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never 2 and 1: {text}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
+            if both && one { Ok(text) } else { Err(text) }
+        })
+        .await;
         let labels =
             format!("{{{REVISION_LABELS},revision_name=\"hello-00001\",service_name=\"hello\"}}");
         for name in [
@@ -376,11 +369,10 @@ async fn the_start_up_s_spans_are_served_once_they_happen_in_both_generations() 
 
         // The kubelet's health check passes: the app is ready, and has
         // answered nothing yet.
-        let deadline = std::time::Instant::now() + deadline();
-        while health_check(qp.main, &[KUBELET, QUEUE]).await.status != 200 {
-            assert!(std::time::Instant::now() < deadline, "never ready");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        until("the app ready", async || {
+            health_check(qp.main, &[KUBELET, QUEUE]).await.status == 200
+        })
+        .await;
         let exposition = scrape(port).await;
         let app_ready = sample(&exposition, ready).expect("the ready span");
         assert!(

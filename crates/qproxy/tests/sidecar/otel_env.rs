@@ -4,8 +4,6 @@
 //! (endpoints, headers, service name, resource attributes, sampler,
 //! intervals).
 
-use std::time::{Duration, Instant};
-
 use http_body_util::BodyExt;
 use qproxy_test_support::collector::{
     MetricBatches, OtlpCollector, latest_metrics, otlp_grpc, otlp_grpc_tls, otlp_http_tls,
@@ -157,11 +155,10 @@ async fn a_sampler_argument_of_one_samples_everything_as_knative_s_does() {
 
 /// Waits until `batches` holds an export with `name` measured.
 async fn exported(batches: &MetricBatches, name: &str) {
-    let deadline = Instant::now() + deadline();
-    while !latest_metrics(batches).keys().any(|(_, n, _)| n == name) {
-        assert!(Instant::now() < deadline, "no {name} exported");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&format!("{name} exported"), async || {
+        latest_metrics(batches).keys().any(|(_, n, _)| n == name)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

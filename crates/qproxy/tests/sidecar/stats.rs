@@ -1,8 +1,6 @@
 //! The autoscaler's stats on 9090 through the real binary: what Knative's
 //! autoscaler decodes, under a known load.
 
-use std::time::Duration;
-
 use http::{Request, StatusCode};
 use prost::Message;
 use qproxy_autoscaler_client::Stat;
@@ -26,15 +24,9 @@ async fn scrape(qp: &QProxy) -> Stat {
 
 /// Scrapes until a stat satisfies `pred` (a new one comes every second).
 async fn wait_for_stat(qp: &QProxy, what: &str, pred: impl Fn(&Stat) -> bool) -> Stat {
-    within(what, async {
-        let mut every = tokio::time::interval(Duration::from_millis(100));
-        loop {
-            every.tick().await;
-            let stat = scrape(qp).await;
-            if pred(&stat) {
-                return stat;
-            }
-        }
+    until(what, async || {
+        let stat = scrape(qp).await;
+        if pred(&stat) { Ok(stat) } else { Err(stat) }
     })
     .await
 }

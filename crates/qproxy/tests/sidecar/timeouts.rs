@@ -1,15 +1,13 @@
 //! The revision's three timeouts through the real binary, over HTTP/1.1 and
 //! h2c, before and after the response starts, in both Knative generations.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use futures_util::{StreamExt, stream};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use qproxy_test_support::*;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
 #[derive(Debug, Clone, Copy)]
@@ -51,12 +49,12 @@ async fn read_all(res: Response<Incoming>) -> (String, bool) {
     (String::from_utf8_lossy(&data).into_owned(), complete)
 }
 
-/// A response body sending `first`, then (after `then`, if any) `rest`,
-/// or stalling forever when `then` is `None`. It holds `guard` until it is
-/// finished or dropped.
+/// A response body sending `first`, then (once `then` is released, if
+/// there is one) `rest`, or stalling forever when `then` is `None`. It
+/// holds `guard` until it is finished or dropped.
 fn streamed(
     first: &'static str,
-    then: Option<Duration>,
+    then: Option<oneshot::Receiver<()>>,
     rest: &'static str,
     guard: DropGuard,
 ) -> TestBody {
@@ -64,7 +62,9 @@ fn streamed(
     let tail = stream::once(async move {
         let _guard = guard;
         match then {
-            Some(d) => tokio::time::sleep(d).await,
+            Some(released) => {
+                let _ = released.await;
+            }
             None => std::future::pending().await,
         }
         Ok(Frame::data(Bytes::from_static(rest.as_bytes())))
@@ -72,15 +72,34 @@ fn streamed(
     BodyExt::boxed(StreamBody::new(head.chain(tail)))
 }
 
-/// The app of these tests. `/never` never answers; `/stall` and
-/// `/stall-length` send `hello` and stall (the latter having promised 10
-/// bytes); `/slow` sends `hello`, then `world` two seconds later. Each
-/// request reports its path on `gone` when its handler or its body is
-/// dropped unfinished, i.e. cancelled by qproxy.
-async fn timeout_app() -> (App, mpsc::UnboundedReceiver<String>) {
+/// The app of these tests, and what it tells them. `/never` never
+/// answers; `/stall` and `/stall-length` send `hello` and stall (the
+/// latter having promised 10 bytes); `/slow` sends `hello`, then `world`
+/// once the test releases it. Each request reports its path on `gone`
+/// when its handler or its body is dropped unfinished, i.e. cancelled by
+/// qproxy.
+struct TimeoutApp {
+    app: App,
+    gone: mpsc::UnboundedReceiver<String>,
+    /// For each `/slow` request, as it arrives: what releases its `world`.
+    slow: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+}
+
+impl TimeoutApp {
+    /// The release of the next `/slow` request to arrive.
+    async fn slow_arrived(&mut self) -> oneshot::Sender<()> {
+        within("a /slow request at the app", self.slow.recv())
+            .await
+            .unwrap()
+    }
+}
+
+async fn timeout_app() -> TimeoutApp {
     let (gone_tx, gone) = mpsc::unbounded_channel();
+    let (slow_tx, slow) = mpsc::unbounded_channel();
     let app = App::start(move |req| {
         let gone = gone_tx.clone();
+        let slow = slow_tx.clone();
         async move {
             let path = req.uri().path().to_owned();
             let guard = DropGuard(Some(gone), path.clone());
@@ -95,15 +114,16 @@ async fn timeout_app() -> (App, mpsc::UnboundedReceiver<String>) {
                     .body(streamed("hello", None, "", guard))
                     .unwrap(),
                 "/slow" => {
-                    let later = Some(Duration::from_secs(2));
-                    Response::new(streamed("hello", later, "world", guard.disarm()))
+                    let (release, released) = oneshot::channel();
+                    slow.send(release).unwrap();
+                    Response::new(streamed("hello", Some(released), "world", guard.disarm()))
                 }
                 _ => Response::new(full("ok")),
             }
         }
     })
     .await;
-    (app, gone)
+    TimeoutApp { app, gone, slow }
 }
 
 /// Sends the path it guards on drop, unless disarmed.
@@ -141,14 +161,14 @@ async fn each_timeout_answers_504_before_the_response_starts() {
             ("SERVING_LOGGING_LEVEL", "info"),
         ],
     ] {
-        let (app, mut gone) = timeout_app().await;
-        let qp = QProxy::start(app.port(), &timeouts);
+        let mut app = timeout_app().await;
+        let qp = QProxy::start(app.app.port(), &timeouts);
         for proto in BOTH {
             let res = send(proto, &qp, "/never").await;
             assert_gateway_timeout(&res);
             assert_eq!(text(res).await, "request timeout", "{timeouts:?} {proto:?}");
             // The request to the app was abandoned.
-            let cancelled = within("the app's request cancelled", gone.recv()).await;
+            let cancelled = within("the app's request cancelled", app.gone.recv()).await;
             assert_eq!(cancelled.as_deref(), Some("/never"));
         }
     }
@@ -156,9 +176,9 @@ async fn each_timeout_answers_504_before_the_response_starts() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn current_knative_logs_which_timeout_fired() {
-    let (app, _gone) = timeout_app().await;
+    let app = timeout_app().await;
     let qp = QProxy::start(
-        app.port(),
+        app.app.port(),
         &[CURRENT, ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "1")],
     );
     let res = send(Proto::H1, &qp, "/never").await;
@@ -169,8 +189,8 @@ async fn current_knative_logs_which_timeout_fired() {
     assert_eq!(line["severity"], "WARNING");
 
     // Classic Knative logs nothing.
-    let (app, _gone) = timeout_app().await;
-    let mut qp = QProxy::start(app.port(), &[("REVISION_TIMEOUT_SECONDS", "1")]);
+    let app = timeout_app().await;
+    let mut qp = QProxy::start(app.app.port(), &[("REVISION_TIMEOUT_SECONDS", "1")]);
     assert_gateway_timeout(&send(Proto::H1, &qp, "/never").await);
     let logs = qp.stop_and_collect_logs();
     assert!(
@@ -182,10 +202,10 @@ async fn current_knative_logs_which_timeout_fired() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_timeout_cuts_a_started_response_short() {
     for generation in [None, Some(CURRENT)] {
-        let (app, mut gone) = timeout_app().await;
+        let mut app = timeout_app().await;
         let mut env = vec![("REVISION_IDLE_TIMEOUT_SECONDS", "1")];
         env.extend(generation);
-        let qp = QProxy::start(app.port(), &env);
+        let qp = QProxy::start(app.app.port(), &env);
         for proto in BOTH {
             let (chunked, length) = tokio::join!(
                 async { read_all(send(proto, &qp, "/stall").await).await },
@@ -195,8 +215,8 @@ async fn idle_timeout_cuts_a_started_response_short() {
             assert_eq!(chunked, cut, "{generation:?} {proto:?}");
             assert_eq!(length, cut, "{generation:?} {proto:?}");
             let mut cancelled = vec![
-                within("cancelled", gone.recv()).await.unwrap(),
-                within("cancelled", gone.recv()).await.unwrap(),
+                within("cancelled", app.gone.recv()).await.unwrap(),
+                within("cancelled", app.gone.recv()).await.unwrap(),
             ];
             cancelled.sort();
             assert_eq!(cancelled, ["/stall", "/stall-length"]);
@@ -204,33 +224,52 @@ async fn idle_timeout_cuts_a_started_response_short() {
     }
 }
 
+/// Sends `/slow` through `qp`; once its response has started, waits for
+/// `qp`'s timeout to fire on a `/never` sent after it (so that the
+/// `/slow` request's own timeout has passed too), then lets the app end
+/// the response; what the client got of it.
+async fn slow_past_the_timeout(app: &mut TimeoutApp, proto: Proto, qp: &QProxy) -> (String, bool) {
+    let res = send(proto, qp, "/slow").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let release = app.slow_arrived().await;
+    assert_gateway_timeout(&send(proto, qp, "/never").await);
+    let _ = release.send(());
+    read_all(res).await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn overall_timeout_after_the_response_started_depends_on_the_generation() {
-    let (app, _gone) = timeout_app().await;
-    let classic = QProxy::start(app.port(), &[("REVISION_TIMEOUT_SECONDS", "1")]);
-    let current = QProxy::start(app.port(), &[("REVISION_TIMEOUT_SECONDS", "1"), CURRENT]);
+    let mut app = timeout_app().await;
+    let classic = QProxy::start(app.app.port(), &[("REVISION_TIMEOUT_SECONDS", "1")]);
+    let current = QProxy::start(
+        app.app.port(),
+        &[("REVISION_TIMEOUT_SECONDS", "1"), CURRENT],
+    );
     for proto in BOTH {
         // Classic lets the response run past the timeout.
-        let res = send(proto, &classic, "/slow").await;
-        assert_eq!(read_all(res).await, ("helloworld".to_owned(), true));
-        // Current ends it.
+        assert_eq!(
+            slow_past_the_timeout(&mut app, proto, &classic).await,
+            ("helloworld".to_owned(), true),
+            "{proto:?}"
+        );
+        // Current ends it, with `world` never released.
         let res = send(proto, &current, "/slow").await;
         assert_eq!(res.status(), StatusCode::OK);
+        let _held = app.slow_arrived().await;
         assert_eq!(read_all(res).await, ("hello".to_owned(), false));
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn response_start_timeout_no_longer_applies_once_started() {
-    let (app, _gone) = timeout_app().await;
+    let mut app = timeout_app().await;
     for generation in [None, Some(CURRENT)] {
         let mut env = vec![("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "1")];
         env.extend(generation);
-        let qp = QProxy::start(app.port(), &env);
+        let qp = QProxy::start(app.app.port(), &env);
         for proto in BOTH {
-            let res = send(proto, &qp, "/slow").await;
             assert_eq!(
-                read_all(res).await,
+                slow_past_the_timeout(&mut app, proto, &qp).await,
                 ("helloworld".to_owned(), true),
                 "{generation:?} {proto:?}"
             );

@@ -8,7 +8,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use http::Response;
 use qproxy_test_support::tls::{KNATIVE_SERVER_NAME, SecretVolume, TestCa, tls_connect, tls_get};
@@ -201,38 +200,34 @@ async fn rotation_under_load_loses_nothing_and_new_handshakes_get_the_new_certif
             }
         })
     };
-    let answered = |n| {
+    let answered = |what: &'static str, n| {
         let ok = ok.clone();
-        async move { eventually(deadline(), || ok.load(Ordering::SeqCst) >= n).await }
+        async move {
+            until(what, async || {
+                let answered = ok.load(Ordering::SeqCst);
+                if answered >= n { Ok(()) } else { Err(answered) }
+            })
+            .await
+        }
     };
-    assert!(answered(50).await, "the load runs");
+    answered("the load to run", 50).await;
 
     let (cert, key) = s.ca.knative_pair();
     s.volume
         .update(&[("tls.crt", cert.as_bytes()), ("tls.key", key.as_bytes())]);
     let new = der(&cert);
     assert_ne!(first.leaf, new);
-    let deadline = tokio::time::Instant::now() + deadline();
-    loop {
+    until("the new certificate served", async || {
         let answer = tls_get(s.tls(), s.client(H2_H1), "/", false).await.unwrap();
-        if answer.leaf == new {
-            break;
-        }
-        assert_eq!(
-            answer.leaf, first.leaf,
+        assert!(
+            answer.leaf == new || answer.leaf == first.leaf,
             "the old certificate until the new one"
         );
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new certificate never served"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        answer.leaf == new
+    })
+    .await;
     let before = ok.load(Ordering::SeqCst);
-    assert!(
-        answered(before + 50).await,
-        "the load goes on after the swap"
-    );
+    answered("the load to go on after the swap", before + 50).await;
     stop.store(true, Ordering::SeqCst);
     kept.await.unwrap();
     fresh.await.unwrap();
@@ -280,15 +275,12 @@ async fn a_pair_that_does_not_load_keeps_the_previous_one() {
     s.volume
         .update(&[("tls.crt", cert.as_bytes()), ("tls.key", key.as_bytes())]);
     let new = der(&cert);
-    assert!(
-        eventually_async(deadline(), || async {
-            tls_get(s.tls(), s.client(H2_H1), "/", false)
-                .await
-                .is_ok_and(|a| a.leaf == new)
-        })
-        .await,
-        "a good pair is served once it comes"
-    );
+    until("a good pair served once it comes", async || {
+        tls_get(s.tls(), s.client(H2_H1), "/", false)
+            .await
+            .is_ok_and(|a| a.leaf == new)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -471,11 +463,18 @@ async fn an_expired_certificate_is_served_with_a_warning() {
 
 #[tokio::test]
 async fn the_tls_port_drains_like_the_main_port() {
-    let app = App::start(|req| async move {
-        if req.uri().path() == "/slow" {
-            tokio::time::sleep(Duration::from_secs(2)).await;
+    // `/slow` is held at the app until the test lets it go.
+    let (arrived, mut slow_arrived) = tokio::sync::mpsc::unbounded_channel();
+    let app = App::start(move |req| {
+        let arrived = arrived.clone();
+        async move {
+            if req.uri().path() == "/slow" {
+                let (release, released) = tokio::sync::oneshot::channel::<()>();
+                arrived.send(release).unwrap();
+                let _ = released.await;
+            }
+            Response::new(full("done"))
         }
-        Response::new(full("done"))
     })
     .await;
     let mut s = Setup::start(
@@ -487,33 +486,17 @@ async fn the_tls_port_drains_like_the_main_port() {
         let (addr, client) = (s.tls(), s.client(H2_H1));
         async move { tls_get(addr, client, "/slow", false).await }
     });
-    let arrived = || app.seen().iter().any(|r| r.uri.path() == "/slow");
-    assert!(
-        eventually(deadline(), arrived).await,
-        "the slow request reached the app"
-    );
+    let release = within("the slow request at the app", slow_arrived.recv())
+        .await
+        .unwrap();
     s.qp.signal("TERM");
-    // During the quiet period the TLS port still serves.
+    // During the quiet period the TLS port still serves, and the slow
+    // request, still in flight, is answered.
     let during = tls_get(s.tls(), s.client(H2_H1), "/", false).await.unwrap();
     assert_eq!(during.status, 200);
-    let slow = slow.await.unwrap().unwrap();
+    release.send(()).unwrap();
+    let slow = within("the slow answer", slow).await.unwrap().unwrap();
     assert_eq!((slow.status.as_u16(), &slow.body[..]), (200, &b"done"[..]));
     assert!(s.qp.wait_exit().success());
     assert!(tokio::net::TcpStream::connect(s.tls()).await.is_err());
-}
-
-/// Whether `cond` comes true before `deadline`, tried every 20 ms.
-async fn eventually_async<F, Fut>(deadline: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let until = tokio::time::Instant::now() + deadline;
-    while tokio::time::Instant::now() < until {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }
