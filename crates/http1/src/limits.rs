@@ -21,3 +21,9 @@ pub const MAX_HEADER_FIELDS: usize = 1_024;
 /// at 10 MiB, a streamed response held up to 8 MiB of buffer per
 /// connection; at 2 MiB, 2.
 pub const MAX_RESPONSE_HEADER_BYTES: usize = 2 << 20;
+
+/// Header lines parsed on the stack, by the server's parser and the
+/// client's alike: a request head with more is not served by qproxy's own
+/// server but handed to hyper, and a response head with more is parsed
+/// again with room for [`MAX_HEADER_FIELDS`].
+pub(crate) const STACK_HEADERS: usize = 64;

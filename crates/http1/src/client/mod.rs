@@ -51,16 +51,12 @@ use crate::BoxError;
 use crate::pool::IDLE_TIMEOUT;
 use upload::Framing;
 
-use crate::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES};
+use crate::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES, STACK_HEADERS};
 use crate::wire::chunked::ChunkState;
 use crate::wire::length::{InvalidLength, add_length, content_length, digits};
 use crate::wire::read::poll_read_into;
 use crate::wire::title_case::header_line;
 use crate::wire::token::{connection_has, ends_chunked};
-
-/// Header lines parsed on the stack; a head with more is parsed again
-/// with room for [`MAX_HEADER_FIELDS`].
-pub(crate) const STACK_HEADERS: usize = 64;
 
 /// Why no response head came back for a request.
 #[derive(Debug, thiserror::Error)]

@@ -6,12 +6,10 @@ use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TE, TRANSFER_ENCODING, UP
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use super::{BodyRead, MakeBody, WholeBody};
-use crate::limits::MAX_HEADER_BYTES;
+use crate::limits::{MAX_HEADER_BYTES, STACK_HEADERS};
 use crate::wire::length::digits;
 use crate::wire::token::connection_has;
 
-/// Header lines a head served here may have; one with more goes to hyper.
-const STACK_HEADERS: usize = 64;
 /// Longest head served here; a longer one goes to hyper, in front of
 /// which those over Go's limit are refused. None served here is that long.
 const MAX_HEAD: usize = 16 * 1024;
