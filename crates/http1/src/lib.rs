@@ -10,6 +10,7 @@
 //! | [`server`] | the server role: a client's connection from its first byte ([`server::conn::serve_connection`]: the first head read ahead, HTTP/1.1 told from h2c, one head clock, a graceful shutdown), a request head read and served, its response written, the hand-off to hyper for what it does not take |
 //! | [`client`] | the client role: a request written to the app, its response head and body read |
 //! | [`pool`] | the app's connections kept alive between requests |
+//! | [`rewind`] | a connection whose first bytes were read already, given back before the rest: the server's first head read ahead, the bytes after an app's `101` |
 //!
 //! The rules are hyper's, so what a client or the app sees is what it saw
 //! when hyper spoke for qproxy; `tests/server_vs_hyper.rs` compares the
@@ -22,6 +23,7 @@
 pub mod client;
 pub mod limits;
 pub mod pool;
+pub mod rewind;
 pub mod server;
 pub mod wire;
 

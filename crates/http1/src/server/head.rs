@@ -46,7 +46,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use super::rewind::Rewind;
+use crate::rewind::Rewind;
 
 /// The HTTP/2 client connection preface.
 pub(crate) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

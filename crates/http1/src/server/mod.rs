@@ -58,7 +58,6 @@ pub mod conn;
 mod encode;
 mod head;
 mod parse;
-mod rewind;
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
@@ -75,7 +74,6 @@ use tower_service::Service;
 pub use body::{BodyRead, MakeBody, WholeBody};
 pub use head::HeadClock;
 pub use parse::MAX_BODY;
-pub use rewind::Rewind;
 
 use crate::BoxError;
 use crate::wire::read::{poll_read_at_most, poll_read_into};

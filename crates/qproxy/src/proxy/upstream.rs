@@ -57,7 +57,7 @@ use qproxy_http1::client::{
     ClientConn, ExchangeError, Outgoing, Payload, ResponseBody, ResponseHead, UploadError, exchange,
 };
 use qproxy_http1::pool::Idle;
-use qproxy_http1::server::Rewind;
+use qproxy_http1::rewind::Rewind;
 
 /// TCP keep-alive on upstream connections (Knative's dialer).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(5);

@@ -38,8 +38,9 @@ use crate::layers::server_rules::ServerRulesLayer;
 use qproxy_core::Endpoint;
 use qproxy_core::body::{BoxError, RequestBody};
 use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use qproxy_http1::rewind::Rewind;
+use qproxy_http1::server::HeadClock;
 use qproxy_http1::server::conn::{Ended, Protocols, serve_connection};
-use qproxy_http1::server::{HeadClock, Rewind};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;

@@ -1,8 +1,10 @@
 //! A connection some of whose first bytes were read already, and are
-//! given back before the rest: a TLS port's first bytes, read to tell
-//! plain HTTP from TLS, and any port's first request head, read ahead of
-//! hyper, or the bytes [`serve`](super::serve) read before it handed a
-//! connection to hyper.
+//! given back before the rest. Both roles need one: the server for a TLS
+//! port's first bytes, read to tell plain HTTP from TLS, and any port's
+//! first request head, read ahead of hyper, or the bytes
+//! [`serve`](crate::server::serve) read before it handed a connection to
+//! hyper; the client for what the app sent after its `101` (or a `2xx` to
+//! `CONNECT`), read with the head, which the tunnel reads first.
 
 use std::io;
 use std::pin::Pin;
