@@ -1,5 +1,5 @@
-//! A response head written as hyper writes it, and the body's bytes
-//! queued behind it.
+//! A response head written as hyper writes it, and the write queue that
+//! holds it and the body's bytes behind it.
 
 use std::io::{self, IoSlice, Write};
 use std::pin::Pin;
@@ -31,16 +31,17 @@ pub(crate) enum Encoding {
     Close,
 }
 
-/// The bytes of a response on their way out: `front`, then `data` (a
-/// large data frame, written from where it is), then `back`.
+/// A response's write queue: its bytes on their way out, written in
+/// order, `front`, then `data` (a large data frame, written from where it
+/// is), then `back`.
 #[derive(Debug, Default)]
-pub(crate) struct Outgoing {
+pub(crate) struct WriteQueue {
     pub(crate) front: Vec<u8>,
     pub(crate) data: Bytes,
     pub(crate) back: Vec<u8>,
 }
 
-impl Outgoing {
+impl WriteQueue {
     /// The buffer with the most room, emptied, to keep for the next
     /// response.
     pub(crate) fn keep(self) -> Vec<u8> {
@@ -53,6 +54,7 @@ impl Outgoing {
         kept
     }
 
+    /// How many bytes are queued.
     pub(crate) fn queued(&self) -> usize {
         self.front.len() + self.data.len() + self.back.len()
     }
@@ -130,6 +132,7 @@ impl Outgoing {
         Poll::Ready(Ok(()))
     }
 
+    /// Takes `n` written bytes off the front.
     pub(crate) fn advance(&mut self, mut n: usize) {
         let front = n.min(self.front.len());
         self.front.drain(..front);
@@ -384,7 +387,7 @@ mod tests {
         read.resize(size, b'x');
         let frame = read.split_to(size).freeze();
         let mut framing = Encoding::Length(size as u64);
-        let mut out = Outgoing::default();
+        let mut out = WriteQueue::default();
         out.data(&mut framing, frame);
         let mut written = Vec::new();
         poll_fn(|cx| out.poll_write(&mut written, cx))

@@ -77,7 +77,7 @@ pub use parse::MAX_BODY;
 
 use crate::BoxError;
 use crate::wire::read::{poll_read_at_most, poll_read_into};
-use encode::{COPY_MAX, Encoding, Outgoing, encode_head};
+use encode::{COPY_MAX, Encoding, WriteQueue, encode_head};
 use parse::{RequestParse, parse};
 
 /// Most memory of its last head a connection keeps between requests, to
@@ -324,9 +324,9 @@ where
     } else {
         Some(body.size_hint().exact())
     };
-    let mut out = Outgoing {
+    let mut out = WriteQueue {
         front: std::mem::take(write_buf),
-        ..Outgoing::default()
+        ..WriteQueue::default()
     };
     // Room for the head as hyper reckons it, and a small body.
     let small = length.flatten().filter(|&n| n <= COPY_MAX as u64);
