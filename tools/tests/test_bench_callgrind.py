@@ -39,3 +39,17 @@ def test_the_totals_line_is_not_a_function():
 
 def test_the_counted_requests_are_load_1_and_grpc():
     assert callgrind.COUNTED_REQUESTS == ("load 1", "gRPC unary")
+
+
+def test_the_shared_body_framing_counts_with_the_role_that_uses_it():
+    annotated = """
+  1,000 ( 1.00%)  ???:qproxy_http1::server::encode::WriteQueue::data [/qproxy]
+    300 ( 0.30%)  ???:qproxy_http1::wire::framing::Encoder::encode [/qproxy]
+    200 ( 0.20%)  ???:<qproxy_http1::wire::framing::Decoder>::decode [/qproxy]
+    100 ( 0.10%)  ???:qproxy_http1::client::body::ResponseBody::finish [/qproxy]
+     50 ( 0.05%)  ???:qproxy_http1::wire::chunked::decode [/qproxy]
+"""
+    parts = callgrind.parts_of(annotated)
+    assert parts["the response head written"] == 1_300
+    assert parts["the exchange with the app"] == 300
+    assert parts["the connections' loops"] == 50

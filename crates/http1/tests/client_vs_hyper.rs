@@ -213,6 +213,19 @@ async fn trailers_go_as_hyper_sends_them() {
     }
 }
 
+/// A chunk's size goes in lower case, as Go's transport writes it; hyper
+/// writes it in upper case.
+#[tokio::test]
+async fn a_chunk_s_size_is_written_in_lower_case_as_go_writes_it() {
+    let make = || request(Method::POST, &[], streamed(&["hello world!"], None));
+    let ours = ours(make(), false).await;
+    assert!(
+        ours.ends_with("Transfer-Encoding: chunked\r\n\r\nc\r\nhello world!\r\n0\r\n\r\n"),
+        "{ours:?}"
+    );
+    assert_eq!(ours.replace("\r\nc\r\n", "\r\nC\r\n"), hypers(make()).await);
+}
+
 /// hyper drops the streamed body of a `GET` it has no length for; Go's
 /// transport, and so qproxy, sends it in chunks.
 #[tokio::test]

@@ -229,6 +229,13 @@ const ANSWERS: &[(&str, MakeResponse)] = &[
             streamed(vec![Frame::data("hello".into())]),
         )
     }),
+    ("streamed, longer than its length", || {
+        with(
+            200,
+            &[("content-length", "3")],
+            streamed(vec![Frame::data("hello".into())]),
+        )
+    }),
     ("streamed, short of its length", || {
         with(
             200,

@@ -112,15 +112,22 @@ def count_instructions(name, bins, app_port, n, request):
 # Parts of a request, by the functions callgrind charges (their own
 # instructions, not their callees'), first match wins. Release builds
 # inline much into their callers, so a part is where the instructions ran,
-# not every line of its concern.
+# not every line of its concern. The body framing both roles share
+# (qproxy_http1::wire::framing) counts where each half of it is used on
+# the counted requests: its encoder with the response written, its decoder
+# with the exchange that reads the app's response body.
 PARTS = (
     ("the client's head read and parsed", r"qproxy_http1::server::parse|httparse::|http::header::name|http::uri::"),
     (
         "the response head written",
-        r"qproxy_http1::server::encode|qproxy_http1::wire::title_case|qproxy_http1::wire::date",
+        r"qproxy_http1::server::encode|qproxy_http1::wire::framing::Encoder|qproxy_http1::wire::title_case|"
+        r"qproxy_http1::wire::date",
     ),
     ("header maps", r"http::header::map"),
-    ("the exchange with the app", r"qproxy_http1::client|qproxy_http1::pool|qproxy::proxy::"),
+    (
+        "the exchange with the app",
+        r"qproxy_http1::client|qproxy_http1::wire::framing::Decoder|qproxy_http1::pool|qproxy::proxy::",
+    ),
     ("request metrics", r"metrics_exporter_prometheus|metrics::|quanta::|qproxy_observe::request_metrics"),
     (
         "the layers",

@@ -10,9 +10,9 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
-use super::{ClientConn, Decoding, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
+use super::{ClientConn, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
 use crate::pool::Idle;
-use crate::wire::chunked::{self, Decoded};
+use crate::wire::framing::{Decoded, Decoder, Framing};
 
 /// The smallest and largest reads of a body: a read that fills the room
 /// it was given doubles the next one.
@@ -58,7 +58,8 @@ pub struct ResponseBody {
     /// `buf`'s memory is small enough to go back with the connection: it
     /// holds no more than one read of the head's.
     small: bool,
-    framing: Decoding,
+    /// How the body is framed, and how much of it has been read.
+    decoder: Decoder,
     /// The room the next read is given.
     read: usize,
 }
@@ -79,10 +80,10 @@ impl ResponseBody {
             idle: idle.filter(|_| head.keep_alive),
             buf,
             small: head.one_read,
-            framing: head.framing,
+            decoder: Decoder::new(head.framing),
             read: BODY_READ_MIN,
         };
-        if body.framing == Decoding::Length(0) {
+        if body.decoder.is_end() {
             body.finish();
         }
         body
@@ -102,7 +103,7 @@ impl ResponseBody {
             idle.put(conn);
         }
         self.buf = BytesMut::new();
-        self.framing = Decoding::Length(0);
+        self.decoder = Decoder::new(Framing::Length(0));
     }
 
     /// Writes on what is left of the request body, as the socket takes it.
@@ -167,44 +168,6 @@ impl ResponseBody {
             }
         }
     }
-
-    /// Up to `max` bytes of data from `buf`.
-    fn data(&mut self, max: u64) -> Bytes {
-        let n = usize::try_from(max)
-            .unwrap_or(usize::MAX)
-            .min(self.buf.len());
-        self.buf.split_to(n).freeze()
-    }
-
-    fn poll_chunked(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
-        loop {
-            let Decoding::Chunked(state) = self.framing else {
-                return Poll::Ready(None);
-            };
-            match chunked::decode(state, &mut self.buf).map_err(ResponseBodyError::Chunked) {
-                Ok(Decoded::Next(next)) => self.framing = Decoding::Chunked(next),
-                Ok(Decoded::Data(data, next)) => {
-                    self.framing = Decoding::Chunked(next);
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Ok(Decoded::End(trailers)) => {
-                    self.finish();
-                    return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
-                }
-                Ok(Decoded::Short) => {
-                    // However little the next step needs, what has come
-                    // is read: an event stream's chunk arrives whole.
-                    if !ready!(self.poll_fill(cx, u64::MAX))? {
-                        return Poll::Ready(Some(Err(ResponseBodyError::Incomplete)));
-                    }
-                }
-                Err(e) => return Poll::Ready(Some(Err(e))),
-            }
-        }
-    }
 }
 
 impl http_body::Body for ResponseBody {
@@ -223,40 +186,33 @@ impl http_body::Body for ResponseBody {
             this.close();
             return Poll::Ready(Some(Err(ResponseBodyError::Upload(e))));
         }
-        let polled = match this.framing {
-            Decoding::Length(0) => return Poll::Ready(None),
-            Decoding::Length(left) => loop {
-                if !this.buf.is_empty() {
-                    let data = this.data(left);
-                    let left = left - data.len() as u64;
-                    this.framing = Decoding::Length(left);
-                    if left == 0 {
+        if this.decoder.is_end() {
+            return Poll::Ready(None);
+        }
+        let polled = loop {
+            match this.decoder.decode(&mut this.buf) {
+                Ok(Decoded::Data(data)) => {
+                    if this.decoder.is_end() {
                         this.finish();
                     }
                     break Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                match ready!(this.poll_fill(cx, left)) {
-                    Ok(true) => {}
-                    Ok(false) => break Poll::Ready(Some(Err(ResponseBodyError::Incomplete))),
-                    Err(e) => break Poll::Ready(Some(Err(e))),
+                Ok(Decoded::End(trailers)) => {
+                    this.finish();
+                    break Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
                 }
-            },
-            Decoding::Eof => loop {
-                if !this.buf.is_empty() {
-                    let data = this.data(u64::MAX);
-                    break Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                match ready!(this.poll_fill(cx, u64::MAX)) {
+                Ok(Decoded::Short) => match ready!(this.poll_fill(cx, this.decoder.wants())) {
                     Ok(true) => {}
-                    Ok(false) => {
+                    Ok(false) if this.decoder.ends_at_close() => {
                         // The end of a body that lasts until the app closes.
                         this.close();
                         break Poll::Ready(None);
                     }
+                    Ok(false) => break Poll::Ready(Some(Err(ResponseBodyError::Incomplete))),
                     Err(e) => break Poll::Ready(Some(Err(e))),
-                }
-            },
-            Decoding::Chunked(_) => this.poll_chunked(cx),
+                },
+                Err(e) => break Poll::Ready(Some(Err(ResponseBodyError::Chunked(e)))),
+            }
         };
         if let Poll::Ready(Some(Err(_))) = &polled {
             // A body that failed ends here; its connection is closed.
@@ -266,13 +222,13 @@ impl http_body::Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.framing == Decoding::Length(0)
+        self.decoder.is_end()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.framing {
-            Decoding::Length(n) => SizeHint::with_exact(n),
-            _ => SizeHint::default(),
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
         }
     }
 }
@@ -312,7 +268,7 @@ pub fn read_answer(bytes: &[u8], head: bool) -> Result<AppAnswer, ExchangeError>
         idle: None,
         buf,
         small: false,
-        framing: parsed.framing,
+        decoder: Decoder::new(parsed.framing),
         read: BODY_READ_MIN,
     };
     let mut answer = AppAnswer {

@@ -49,10 +49,9 @@ pub use upload::{Upload, UploadError, Uploading};
 
 use crate::BoxError;
 use crate::pool::IDLE_TIMEOUT;
-use upload::Framing;
 
 use crate::limits::{MAX_HEADER_FIELDS, MAX_RESPONSE_HEADER_BYTES, STACK_HEADERS};
-use crate::wire::chunked::ChunkState;
+use crate::wire::framing::Framing;
 use crate::wire::length::{InvalidLength, add_length, content_length, digits};
 use crate::wire::read::poll_read_into;
 use crate::wire::title_case::header_line;
@@ -133,15 +132,15 @@ where
             Payload::None => Bytes::new(),
             Payload::Whole(body) => body,
             Payload::Stream(body) => {
-                let framing = match content_length(&parts.headers) {
-                    Ok(Some(n)) => Framing::Length(n),
+                let (framing, trailers) = match content_length(&parts.headers) {
+                    Ok(Some(n)) => (Framing::Length(n), None),
                     _ => {
                         head.truncate(head.len() - 2);
                         head.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
-                        Framing::Chunked(announced_trailers(&parts.headers))
+                        (Framing::Chunked(()), announced_trailers(&parts.headers))
                     }
                 };
-                let upload = Upload::new(Bytes::from(head), body, framing);
+                let upload = Upload::new(Bytes::from(head), body, framing, trailers);
                 return Outgoing {
                     head: Vec::new(),
                     whole: Bytes::new(),
@@ -244,7 +243,8 @@ pub struct ResponseHead {
     pub version: Version,
     /// Its header fields.
     pub headers: HeaderMap,
-    framing: Decoding,
+    /// How its body is framed.
+    framing: Framing,
     keep_alive: bool,
     /// How long the connection may wait idle, in milliseconds, from the
     /// app's `Keep-Alive` (0: it said nothing).
@@ -252,17 +252,6 @@ pub struct ResponseHead {
     /// The head came in one read, and so did what of the body came with
     /// it.
     one_read: bool,
-}
-
-/// How a response body ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Decoding {
-    /// After this many more bytes.
-    Length(u64),
-    /// At its last chunk (and trailers).
-    Chunked(ChunkState),
-    /// When the app closes the connection.
-    Eof,
 }
 
 /// Sends `out` on `conn` (a head and a whole body in one write when the
@@ -656,9 +645,9 @@ fn framing(
     version: Version,
     coded: Option<bool>,
     length: Result<Option<u64>, InvalidLength>,
-) -> Result<Decoding, ExchangeError> {
+) -> Result<Framing, ExchangeError> {
     if matches!(status.as_u16(), 101 | 204 | 304) || method == Method::HEAD {
-        return Ok(Decoding::Length(0));
+        return Ok(Framing::Length(0));
     }
     if let Some(chunked) = coded {
         if version == Version::HTTP_10 {
@@ -667,14 +656,14 @@ fn framing(
             ));
         }
         return Ok(if chunked {
-            Decoding::Chunked(ChunkState::Size)
+            Framing::Chunked(())
         } else {
-            Decoding::Eof
+            Framing::Close
         });
     }
     match length {
-        Ok(Some(n)) => Ok(Decoding::Length(n)),
-        Ok(None) => Ok(Decoding::Eof),
+        Ok(Some(n)) => Ok(Framing::Length(n)),
+        Ok(None) => Ok(Framing::Close),
         Err(InvalidLength) => Err(ExchangeError::Malformed("invalid content-length parsed")),
     }
 }
@@ -854,58 +843,58 @@ mod tests {
         let frame = |b: &[u8], m: &Method| parsed(b, m).map(|(h, _)| (h.framing, h.keep_alive));
         assert_eq!(
             frame(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", &get),
-            Ok((Decoding::Length(5), true))
+            Ok((Framing::Length(5), true))
         );
         assert_eq!(
             frame(
                 b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
                 &Method::HEAD
             ),
-            Ok((Decoding::Length(0), true))
+            Ok((Framing::Length(0), true))
         );
         assert_eq!(
             frame(b"HTTP/1.1 204 No Content\r\n\r\n", &get),
-            Ok((Decoding::Length(0), true))
+            Ok((Framing::Length(0), true))
         );
         assert_eq!(
             frame(
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
                 &get
             ),
-            Ok((Decoding::Chunked(ChunkState::Size), true))
+            Ok((Framing::Chunked(()), true))
         );
         assert_eq!(
             frame(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", &get),
-            Ok((Decoding::Eof, true))
+            Ok((Framing::Close, true))
         );
         assert_eq!(
             frame(b"HTTP/1.1 200 OK\r\n\r\n", &get),
-            Ok((Decoding::Eof, true))
+            Ok((Framing::Close, true))
         );
         assert_eq!(
             frame(
                 b"HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\nContent-Length: 3\r\n\r\n",
                 &get
             ),
-            Ok((Decoding::Length(3), true))
+            Ok((Framing::Length(3), true))
         );
         assert_eq!(
             frame(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", &get),
-            Ok((Decoding::Length(1), false))
+            Ok((Framing::Length(1), false))
         );
         assert_eq!(
             frame(
                 b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 1\r\n\r\n",
                 &get
             ),
-            Ok((Decoding::Length(1), true))
+            Ok((Framing::Length(1), true))
         );
         assert_eq!(
             frame(
                 b"HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n",
                 &get
             ),
-            Ok((Decoding::Eof, false))
+            Ok((Framing::Close, false))
         );
     }
 

@@ -20,17 +20,8 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 
 use crate::BoxError;
-use crate::wire::title_case::header_line;
-
-/// How a streamed body is framed on the wire.
-#[derive(Debug)]
-pub(crate) enum Framing {
-    /// This many bytes are left, as the request's `Content-Length` said.
-    Length(u64),
-    /// In chunks; the last one carries the trailers the request announced
-    /// (`None`: it announced none, and none are sent).
-    Chunked(Option<Vec<HeaderName>>),
-}
+use crate::wire::chunked::{CHUNK_END, ChunkSize, HexCase};
+use crate::wire::framing::{Encoded, Encoder, Framing, TooLong, TooShort};
 
 /// Why a streamed request body could not be written whole.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +46,12 @@ pub enum UploadError {
 #[derive(Debug)]
 pub struct Upload<B> {
     body: B,
-    framing: Framing,
+    /// Its `Content-Length`, or chunks.
+    encoder: Encoder,
+    /// The trailer fields the request announced in `Trailer`, which go in
+    /// the last chunk of a chunked body (`None`: it announced none, or its
+    /// body has a length, and none are sent).
+    trailers: Option<Vec<HeaderName>>,
     /// Written in order: the request's head (until the first frame goes
     /// with it), a chunk's size line, its data, the line's end.
     out: Out,
@@ -79,44 +75,6 @@ struct Out {
     tail: &'static [u8],
 }
 
-/// A chunk's size line, on the stack.
-#[derive(Debug, Default)]
-struct ChunkSize {
-    bytes: [u8; 18],
-    at: u8,
-    len: u8,
-}
-
-impl ChunkSize {
-    fn of(n: usize) -> Self {
-        let mut size = ChunkSize::default();
-        let digits = format_hex(n, &mut size.bytes);
-        size.len = digits;
-        size.bytes[usize::from(digits)] = b'\r';
-        size.bytes[usize::from(digits) + 1] = b'\n';
-        size.len += 2;
-        size
-    }
-
-    fn rest(&self) -> &[u8] {
-        &self.bytes[usize::from(self.at)..usize::from(self.len)]
-    }
-}
-
-/// Writes `n` in lower-case hexadecimal at the start of `dst`; returns how
-/// many digits.
-fn format_hex(n: usize, dst: &mut [u8; 18]) -> u8 {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut len = 1;
-    while len < 16 && n >> (4 * len) != 0 {
-        len += 1;
-    }
-    for i in 0..len {
-        dst[len - 1 - i] = DIGITS[(n >> (4 * i)) & 0xf];
-    }
-    len as u8
-}
-
 impl Out {
     fn is_empty(&self) -> bool {
         self.head.is_empty()
@@ -131,7 +89,7 @@ impl Out {
         self.head.advance(from_head);
         n -= from_head;
         let from_size = n.min(self.size.rest().len());
-        self.size.at += from_size as u8;
+        self.size.advance(from_size);
         n -= from_size;
         let from_data = n.min(self.data.len());
         self.data.advance(from_data);
@@ -153,11 +111,18 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    /// `body`, framed by `framing`, after `head`.
-    pub(crate) fn new(head: Bytes, body: B, framing: Framing) -> Self {
+    /// `body`, framed as `framing` says (a chunked one's last chunk with
+    /// the `trailers` the request announced), after `head`.
+    pub(crate) fn new(
+        head: Bytes,
+        body: B,
+        framing: Framing,
+        trailers: Option<Vec<HeaderName>>,
+    ) -> Self {
         Upload {
             body,
-            framing,
+            encoder: Encoder::new(framing),
+            trailers,
             out: Out {
                 head,
                 ..Out::default()
@@ -234,22 +199,20 @@ where
         self.out = Out::default();
     }
 
-    /// Frames a data frame of the client's body.
+    /// Frames a data frame of the client's body: a chunk's size in lower
+    /// case, as Go's transport writes it, and a body longer than its
+    /// `Content-Length` refused, never cut.
     fn data(&mut self, data: Bytes) -> Result<(), UploadError> {
         if data.is_empty() {
             return Ok(());
         }
-        match &mut self.framing {
-            Framing::Length(left) => {
-                *left = left
-                    .checked_sub(data.len() as u64)
-                    .ok_or(UploadError::Length)?;
+        let framed = self.encoder.encode_exact(data, HexCase::Lower);
+        match framed.map_err(|TooLong| UploadError::Length)? {
+            Encoded::Data(data) => self.out.data = data,
+            Encoded::Chunk { size, data } => {
+                self.out.size = size;
                 self.out.data = data;
-            }
-            Framing::Chunked(_) => {
-                self.out.size = ChunkSize::of(data.len());
-                self.out.data = data;
-                self.out.tail = b"\r\n";
+                self.out.tail = CHUNK_END;
             }
         }
         Ok(())
@@ -258,29 +221,18 @@ where
     /// Frames the body's end: the last chunk, with the announced trailers.
     fn end(&mut self, trailers: Option<&HeaderMap>) -> Result<(), UploadError> {
         self.ended = true;
-        match &self.framing {
-            Framing::Length(0) => Ok(()),
-            Framing::Length(_) => Err(UploadError::Length),
-            Framing::Chunked(allowed) => {
-                let mut last = Vec::new();
-                if let (Some(trailers), Some(allowed)) = (trailers, allowed) {
-                    for (name, value) in trailers {
-                        if allowed.contains(name) {
-                            header_line(&mut last, name, value);
-                        }
-                    }
-                }
-                if last.is_empty() {
-                    self.out.tail = b"0\r\n\r\n";
-                } else {
-                    let mut chunk = b"0\r\n".to_vec();
-                    chunk.extend_from_slice(&last);
-                    chunk.extend_from_slice(b"\r\n");
-                    self.out.data = Bytes::from(chunk);
-                }
-                Ok(())
-            }
+        // The trailers' chunk is asked for first: the end leaves a chunked
+        // body with nothing owed.
+        let with_trailers = match (trailers, &self.trailers) {
+            (Some(trailers), Some(announced)) => self.encoder.encode_trailers(trailers, announced),
+            _ => None,
+        };
+        let last = self.encoder.end().map_err(|TooShort| UploadError::Length)?;
+        match with_trailers {
+            Some(chunk) => self.out.data = chunk,
+            None => self.out.tail = last,
         }
+        Ok(())
     }
 }
 
@@ -315,19 +267,6 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn chunk_sizes_are_lower_case_hex_lines() {
-        for (n, line) in [
-            (1, "1\r\n"),
-            (15, "f\r\n"),
-            (16, "10\r\n"),
-            (0xabc, "abc\r\n"),
-            (usize::MAX, "ffffffffffffffff\r\n"),
-        ] {
-            assert_eq!(ChunkSize::of(n).rest(), line.as_bytes(), "{n}");
-        }
-    }
-
     /// A client's body that fails, then (polled again) says it has ended,
     /// as hyper's does once its error has been taken.
     #[derive(Debug)]
@@ -358,7 +297,7 @@ mod tests {
             .unwrap();
         let (mut app, _) = listener.accept().await.unwrap();
         let head = Bytes::from_static(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
-        let mut upload = Upload::new(head, FailsThenEnds(0), Framing::Chunked(None));
+        let mut upload = Upload::new(head, FailsThenEnds(0), Framing::Chunked(()), None);
         let mut written = false;
         let first = std::future::poll_fn(|cx| upload.poll_write(&mut tcp, &mut written, cx)).await;
         assert!(matches!(first, Err(UploadError::Body(_))), "{first:?}");
@@ -380,11 +319,35 @@ mod tests {
         );
     }
 
+    /// A body longer than its `Content-Length` is refused, never cut to
+    /// it: nothing of the request goes out, its head included.
+    #[tokio::test]
+    async fn a_body_longer_than_its_length_is_refused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut tcp = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut app, _) = listener.accept().await.unwrap();
+        let head = Bytes::from_static(b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n");
+        let body = http_body_util::Full::new(Bytes::from_static(b"hello"));
+        let mut upload = Upload::new(head, body, Framing::Length(3), None);
+        let mut written = false;
+        let sent = std::future::poll_fn(|cx| upload.poll_write(&mut tcp, &mut written, cx)).await;
+        assert!(matches!(sent, Err(UploadError::Length)), "{sent:?}");
+        assert!(upload.has_failed() && !written);
+        drop(tcp);
+        let mut seen = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut app, &mut seen)
+            .await
+            .unwrap();
+        assert!(seen.is_empty(), "{seen:?}");
+    }
+
     #[test]
     fn written_bytes_come_off_the_front_across_parts() {
         let mut out = Out {
             head: Bytes::from_static(b"HEAD"),
-            size: ChunkSize::of(3),
+            size: ChunkSize::new(3, HexCase::Lower),
             data: Bytes::from_static(b"abc"),
             tail: b"\r\n",
         };

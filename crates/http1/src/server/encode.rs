@@ -10,8 +10,9 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, Entry, TRAILER, TRANSFER_EN
 use http::{HeaderName, HeaderValue, StatusCode, Version};
 use tokio::io::AsyncWrite;
 
-use crate::wire::chunked;
+use crate::wire::chunked::{CHUNK_END, HexCase};
 use crate::wire::date::http_date;
+use crate::wire::framing::{Encoded, Encoder, Framing};
 use crate::wire::length::digits;
 use crate::wire::title_case::{header_line, title_case};
 use crate::wire::token::{connection_has, ends_chunked};
@@ -19,17 +20,6 @@ use crate::wire::token::{connection_has, ends_chunked};
 /// Data frames up to this size are copied after the head; larger ones
 /// are written from where they are.
 pub(crate) const COPY_MAX: usize = 16 * 1024;
-
-/// How a response body is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Encoding {
-    /// `Content-Length`: the bytes still owed.
-    Length(u64),
-    /// Chunked.
-    Chunked,
-    /// To the connection's close.
-    Close,
-}
 
 /// A response's write queue: its bytes on their way out, written in
 /// order, `front`, then `data` (a large data frame, written from where it
@@ -68,42 +58,43 @@ impl WriteQueue {
         }
     }
 
-    /// Queues a data frame, framed as `framing` says.
-    pub(crate) fn data(&mut self, framing: &mut Encoding, mut data: Bytes) {
-        match framing {
-            Encoding::Length(owed) => {
-                // More than is owed: what is owed, as hyper writes it.
-                if let Ok(owed) = usize::try_from(*owed)
-                    && data.len() > owed
-                {
-                    data.truncate(owed);
-                }
-                *owed -= data.len() as u64;
+    /// Queues a data frame (not empty), framed by `encoder` as hyper's
+    /// server frames it: a chunk's size in upper case, and more than a
+    /// length still owes cut to what it owes.
+    pub(crate) fn data(&mut self, encoder: &mut Encoder, data: Bytes) {
+        match encoder.encode(data, HexCase::Upper) {
+            Encoded::Data(data) => self.push(data),
+            Encoded::Chunk { size, data } => {
+                self.tail().extend_from_slice(size.rest());
+                self.push(data);
+                self.tail().extend_from_slice(CHUNK_END);
             }
-            Encoding::Chunked => chunked::encode_data(self.tail(), data.len()),
-            Encoding::Close => {}
         }
+    }
+
+    /// Queues `data`: copied, when it is small or follows a large frame
+    /// still queued, or else held as it is.
+    #[inline]
+    fn push(&mut self, data: Bytes) {
         if data.len() <= COPY_MAX || !self.data.is_empty() {
             self.tail().extend_from_slice(&data);
         } else {
             self.data = data;
         }
-        if *framing == Encoding::Chunked {
-            self.tail().extend_from_slice(chunked::CHUNK_END);
-        }
     }
 
-    /// Queues the body's end; false when the body ended short of its
-    /// `Content-Length`, which leaves the connection to close at once.
-    pub(crate) fn end(&mut self, framing: &mut Encoding) -> bool {
-        match framing {
-            Encoding::Length(0) | Encoding::Close => true,
-            Encoding::Length(_) => false,
-            Encoding::Chunked => {
-                self.tail().extend_from_slice(chunked::LAST_CHUNK);
-                *framing = Encoding::Length(0);
+    /// Queues the body's end, as `encoder` frames it; false when the body
+    /// ended short of its `Content-Length`, which leaves the connection to
+    /// close at once.
+    pub(crate) fn end(&mut self, encoder: &mut Encoder) -> bool {
+        match encoder.end() {
+            Ok(last) => {
+                if !last.is_empty() {
+                    self.tail().extend_from_slice(last);
+                }
                 true
             }
+            Err(_) => false,
         }
     }
 
@@ -165,7 +156,7 @@ pub(crate) fn encode_head(
     head: bool,
     keep_alive: bool,
     dst: &mut Vec<u8>,
-) -> Result<(Encoding, bool), ()> {
+) -> Result<(Framing, bool), ()> {
     if !keep_alive {
         match parts.headers.entry(CONNECTION) {
             Entry::Occupied(mut entry) => {
@@ -190,7 +181,7 @@ pub(crate) fn encode_head(
             dst.extend_from_slice(b"Content-Length: 0\r\n");
         }
         finish_head(dst, false);
-        return Ok((Encoding::Length(0), true));
+        return Ok((Framing::Length(0), true));
     }
     let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
     let http10 = parts.version == Version::HTTP_10;
@@ -213,7 +204,7 @@ pub(crate) fn encode_head(
     let can_chunk = !head && !no_content;
     let can_length = !no_content;
 
-    let mut framing = Encoding::Length(0);
+    let mut framing = Framing::Length(0);
     let mut wrote_len = false;
     // A `Content-Length`, `Transfer-Encoding`, `Connection` or `Trailer`
     // line is open: further values of the same name join it.
@@ -235,7 +226,7 @@ pub(crate) fn encode_head(
                 match length {
                     Some(Some(known)) => {
                         if !open {
-                            framing = Encoding::Length(known);
+                            framing = Framing::Length(known);
                             open_line(dst, name, value);
                             wrote_len = true;
                             open = true;
@@ -252,7 +243,7 @@ pub(crate) fn encode_head(
                             }
                             continue;
                         }
-                        framing = Encoding::Length(len);
+                        framing = Framing::Length(len);
                         open_line(dst, name, value);
                         wrote_len = true;
                         open = true;
@@ -273,7 +264,7 @@ pub(crate) fn encode_head(
                 wrote_len = true;
                 must_chunk = !ends_chunked(value);
                 if !open {
-                    framing = Encoding::Chunked;
+                    framing = Framing::Chunked(());
                 }
                 add_to_line(dst, &mut open, name, value);
                 continue;
@@ -299,30 +290,30 @@ pub(crate) fn encode_head(
 
     if !wrote_len {
         framing = match length {
-            Some(None) if http10 || !can_chunk => Encoding::Close,
+            Some(None) if http10 || !can_chunk => Framing::Close,
             Some(None) => {
                 dst.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
-                Encoding::Chunked
+                Framing::Chunked(())
             }
             None | Some(Some(0)) => {
                 if can_length && !head {
                     dst.extend_from_slice(b"Content-Length: 0\r\n");
                 }
-                Encoding::Length(0)
+                Framing::Length(0)
             }
             Some(Some(len)) if can_length => {
                 dst.extend_from_slice(b"Content-Length: ");
                 let _ = write!(dst, "{len}\r\n");
-                Encoding::Length(len)
+                Framing::Length(len)
             }
-            Some(Some(_)) => Encoding::Length(0),
+            Some(Some(_)) => Framing::Length(0),
         };
     }
     if head || no_content {
-        framing = Encoding::Length(0);
+        framing = Framing::Length(0);
     }
     finish_head(dst, wrote_date);
-    if framing == Encoding::Close {
+    if framing == Framing::Close {
         last = true;
     }
     Ok((framing, last))
@@ -386,9 +377,9 @@ mod tests {
         let mut read = BytesMut::with_capacity(2 * size);
         read.resize(size, b'x');
         let frame = read.split_to(size).freeze();
-        let mut framing = Encoding::Length(size as u64);
+        let mut encoder = Encoder::new(Framing::Length(size as u64));
         let mut out = WriteQueue::default();
-        out.data(&mut framing, frame);
+        out.data(&mut encoder, frame);
         let mut written = Vec::new();
         poll_fn(|cx| out.poll_write(&mut written, cx))
             .await

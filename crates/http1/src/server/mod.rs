@@ -76,8 +76,9 @@ pub use head::HeadClock;
 pub use parse::MAX_BODY;
 
 use crate::BoxError;
+use crate::wire::framing::{Encoder, Framing};
 use crate::wire::read::{poll_read_at_most, poll_read_into};
-use encode::{COPY_MAX, Encoding, WriteQueue, encode_head};
+use encode::{COPY_MAX, WriteQueue, encode_head};
 use parse::{RequestParse, parse};
 
 /// Most memory of its last head a connection keeps between requests, to
@@ -332,12 +333,12 @@ where
     let small = length.flatten().filter(|&n| n <= COPY_MAX as u64);
     let room = 64 + parts.headers.len() * 32 + small.map_or(0, |n| n as usize);
     out.front.reserve(room);
-    let (mut framing, mut last) =
-        encode_head(&mut parts, length, head, keep_alive, &mut out.front)?;
+    let (framing, mut last) = encode_head(&mut parts, length, head, keep_alive, &mut out.front)?;
+    let mut encoder = Encoder::new(framing);
     // As with hyper, a body is dropped as soon as it has ended (its
     // guards settle then), before its last bytes are written.
     let mut body = pin!(Some(body));
-    if length.is_none() || framing == Encoding::Length(0) {
+    if length.is_none() || framing == Framing::Length(0) {
         body.set(None);
     }
     let mut watched = watch.armed;
@@ -346,7 +347,7 @@ where
     // 4 KiB buffer flushing no sooner: the head waits for them here too
     // (unless it fills that buffer alone), so that a client that reads the
     // head and leaves has seen what it does with Go, and is counted so.
-    let mut head_held = matches!(framing, Encoding::Length(n) if n > 0);
+    let mut head_held = matches!(framing, Framing::Length(n) if n > 0);
     let written = poll_fn(|cx| {
         // The client is watched while the body waits, not before what the
         // body has ready: a body that ends in the wake-up that finds the
@@ -391,7 +392,7 @@ where
             let end = polled.is_end_stream();
             let (ended, with_data) = match frame.map(http_body::Frame::into_data) {
                 Some(Ok(data)) if !data.is_empty() => {
-                    out.data(&mut framing, data);
+                    out.data(&mut encoder, data);
                     head_held = false;
                     (end, true)
                 }
@@ -404,7 +405,7 @@ where
             };
             if ended {
                 body.set(None);
-                if !out.end(&mut framing) {
+                if !out.end(&mut encoder) {
                     if !with_data {
                         // Short of its length, and nothing more to write:
                         // hyper closes at once.
@@ -422,7 +423,7 @@ where
     if kept.capacity() <= COPY_MAX {
         *write_buf = kept;
     }
-    if matches!(framing, Encoding::Close) {
+    if framing == Framing::Close {
         last = true;
     }
     if last {

@@ -1,9 +1,8 @@
 //! The chunked transfer coding (RFC 9112 §7.1), as hyper reads and writes
-//! it: the client role decodes the app's chunked bodies with [`decode`],
-//! the server role frames its clients' with [`encode_data`] and
-//! [`LAST_CHUNK`].
-
-use std::io::Write;
+//! it: [`decode`] reads a chunked body a step at a time, and a chunk's size
+//! line ([`ChunkSize`]), [`CHUNK_END`] and [`LAST_CHUNK`] write one. The
+//! body's framing around them, for both roles, is
+//! [`framing`](super::framing)'s.
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -31,7 +30,7 @@ pub(crate) enum ChunkState {
 
 /// What one step of [`decode`] made of the bytes read so far.
 #[derive(Debug, PartialEq)]
-pub(crate) enum Decoded {
+pub(crate) enum Step {
     /// The reading moved on, to this state.
     Next(ChunkState),
     /// Data, and the state after it.
@@ -45,12 +44,12 @@ pub(crate) enum Decoded {
 /// Decodes what it can from the start of `buf` in state `state`,
 /// consuming it; `Err` with hyper's words for a body that is not chunked
 /// as HTTP says.
-pub(crate) fn decode(state: ChunkState, buf: &mut BytesMut) -> Result<Decoded, &'static str> {
+pub(crate) fn decode(state: ChunkState, buf: &mut BytesMut) -> Result<Step, &'static str> {
     match state {
         ChunkState::Size => match httparse::parse_chunk_size(buf) {
             Ok(httparse::Status::Complete((used, size))) => {
                 buf.advance(used);
-                Ok(Decoded::Next(if size == 0 {
+                Ok(Step::Next(if size == 0 {
                     ChunkState::Trailers
                 } else {
                     ChunkState::Data(size)
@@ -59,10 +58,10 @@ pub(crate) fn decode(state: ChunkState, buf: &mut BytesMut) -> Result<Decoded, &
             Ok(httparse::Status::Partial) if buf.len() > CHUNK_LINE_MAX => {
                 Err("chunk size line too long")
             }
-            Ok(httparse::Status::Partial) => Ok(Decoded::Short),
+            Ok(httparse::Status::Partial) => Ok(Step::Short),
             Err(_) => Err("invalid chunk size"),
         },
-        ChunkState::Data(_) if buf.is_empty() => Ok(Decoded::Short),
+        ChunkState::Data(_) if buf.is_empty() => Ok(Step::Short),
         ChunkState::Data(left) => {
             let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
             let data = buf.split_to(n).freeze();
@@ -72,18 +71,18 @@ pub(crate) fn decode(state: ChunkState, buf: &mut BytesMut) -> Result<Decoded, &
             } else {
                 ChunkState::Data(left)
             };
-            Ok(Decoded::Data(data, next))
+            Ok(Step::Data(data, next))
         }
-        ChunkState::DataEnd if buf.len() < 2 => Ok(Decoded::Short),
+        ChunkState::DataEnd if buf.len() < 2 => Ok(Step::Short),
         ChunkState::DataEnd if &buf[..2] != b"\r\n" => Err("no CRLF after chunk data"),
         ChunkState::DataEnd => {
             buf.advance(2);
-            Ok(Decoded::Next(ChunkState::Size))
+            Ok(Step::Next(ChunkState::Size))
         }
         ChunkState::Trailers => match trailers(buf)? {
-            Some(trailers) => Ok(Decoded::End(trailers)),
+            Some(trailers) => Ok(Step::End(trailers)),
             None if buf.len() > CHUNK_LINE_MAX => Err("trailers too long"),
-            None => Ok(Decoded::Short),
+            None => Ok(Step::Short),
         },
     }
 }
@@ -112,14 +111,64 @@ fn trailers(buf: &mut BytesMut) -> Result<Option<Option<HeaderMap>>, &'static st
     Ok(Some((!trailers.is_empty()).then_some(trailers)))
 }
 
-/// Writes the size line of a chunk of `len` bytes, as hyper writes it
-/// (upper-case hex); the chunk's data and [`CHUNK_END`] follow.
-pub(crate) fn encode_data(dst: &mut Vec<u8>, len: usize) {
-    let _ = write!(dst, "{len:X}\r\n");
-}
-
 /// What follows a chunk's data.
 pub(crate) const CHUNK_END: &[u8] = b"\r\n";
+
+/// The case of the hexadecimal digits of a chunk's size, which the roles
+/// write each their own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HexCase {
+    /// `12C`: hyper writes chunk sizes so, and the server role writes its
+    /// responses' as hyper's server did.
+    Upper,
+    /// `12c`: Go's transport writes chunk sizes so, and the client role
+    /// writes its streamed requests' so (hyper's client writes upper case).
+    Lower,
+}
+
+/// The size line of a chunk (its size in hexadecimal, then CRLF), on the
+/// stack; what of it is left to write, once some of it has been.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkSize {
+    bytes: [u8; SIZE_LINE_MAX],
+    at: u8,
+    len: u8,
+}
+
+/// The longest size line: a `usize` in hexadecimal, and CRLF.
+const SIZE_LINE_MAX: usize = usize::BITS as usize / 4 + 2;
+
+impl ChunkSize {
+    /// The size line of a chunk of `n` bytes, its digits in `case`.
+    #[inline]
+    pub(crate) fn new(n: usize, case: HexCase) -> Self {
+        let digits: &[u8; 16] = match case {
+            HexCase::Upper => b"0123456789ABCDEF",
+            HexCase::Lower => b"0123456789abcdef",
+        };
+        let mut len = 1;
+        while len < SIZE_LINE_MAX - 2 && n >> (4 * len) != 0 {
+            len += 1;
+        }
+        let mut size = ChunkSize::default();
+        for i in 0..len {
+            size.bytes[len - 1 - i] = digits[(n >> (4 * i)) & 0xf];
+        }
+        size.bytes[len..len + 2].copy_from_slice(CHUNK_END);
+        size.len = (len + 2) as u8;
+        size
+    }
+
+    /// What of the line is left to write.
+    pub(crate) fn rest(&self) -> &[u8] {
+        &self.bytes[usize::from(self.at)..usize::from(self.len)]
+    }
+
+    /// Takes `n` written bytes (at most what is left) off the front.
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.at += n.min(self.rest().len()) as u8;
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -133,13 +182,13 @@ mod tests {
         let mut data = Vec::new();
         loop {
             match decode(state, &mut buf)? {
-                Decoded::Next(next) => state = next,
-                Decoded::Data(bytes, next) => {
+                Step::Next(next) => state = next,
+                Step::Data(bytes, next) => {
                     data.extend_from_slice(&bytes);
                     state = next;
                 }
-                Decoded::End(trailers) => return Ok((data, trailers.map_or(0, |t| t.len()))),
-                Decoded::Short => return Err("short"),
+                Step::End(trailers) => return Ok((data, trailers.map_or(0, |t| t.len()))),
+                Step::Short => return Err("short"),
             }
         }
     }
@@ -170,10 +219,34 @@ mod tests {
     }
 
     #[test]
+    fn chunk_sizes_are_hex_lines_in_either_case() {
+        for (n, upper, lower) in [
+            (1, "1\r\n", "1\r\n"),
+            (15, "F\r\n", "f\r\n"),
+            (16, "10\r\n", "10\r\n"),
+            (0xabc, "ABC\r\n", "abc\r\n"),
+            (usize::MAX, "FFFFFFFFFFFFFFFF\r\n", "ffffffffffffffff\r\n"),
+        ] {
+            assert_eq!(ChunkSize::new(n, HexCase::Upper).rest(), upper.as_bytes());
+            assert_eq!(ChunkSize::new(n, HexCase::Lower).rest(), lower.as_bytes());
+            assert_eq!(
+                ChunkSize::new(n, HexCase::Upper).rest(),
+                format!("{n:X}\r\n").as_bytes(),
+                "as hyper's server wrote it"
+            );
+        }
+        let mut size = ChunkSize::new(0x12c, HexCase::Upper);
+        size.advance(2);
+        assert_eq!(size.rest(), b"C\r\n");
+        size.advance(9);
+        assert!(size.rest().is_empty());
+    }
+
+    #[test]
     fn what_is_written_reads_back() {
         let mut sent = Vec::new();
         for piece in [&b"hello"[..], &[b'x'; 300][..]] {
-            encode_data(&mut sent, piece.len());
+            sent.extend_from_slice(ChunkSize::new(piece.len(), HexCase::Upper).rest());
             sent.extend_from_slice(piece);
             sent.extend_from_slice(CHUNK_END);
         }

@@ -5,6 +5,7 @@
 
 pub(crate) mod chunked;
 pub(crate) mod date;
+pub(crate) mod framing;
 pub mod length;
 pub(crate) mod read;
 pub(crate) mod title_case;
