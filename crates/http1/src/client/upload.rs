@@ -1,6 +1,8 @@
 //! A request body streamed to the app as the client sends it: framed by
 //! its `Content-Length`, or in chunks (with the trailers the request
-//! announced in `Trailer`), as hyper's client frames it.
+//! announced in `Trailer`, as hyper's client sends them), each chunk's
+//! size in lower-case hex as Go's transport writes it (hyper's client
+//! writes it in upper case).
 //!
 //! The request's head waits for the body's first frame and goes out with
 //! it, as Go's transport sends a head with the first bytes of its body: an
@@ -289,13 +291,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_body_that_failed_is_never_framed_as_ended() {
+    /// A connection on loopback: the client's end, and the app's.
+    async fn connected() -> (TcpStream, TcpStream) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut tcp = TcpStream::connect(listener.local_addr().unwrap())
+        let tcp = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let (mut app, _) = listener.accept().await.unwrap();
+        let (app, _) = listener.accept().await.unwrap();
+        (tcp, app)
+    }
+
+    #[tokio::test]
+    async fn a_body_that_failed_is_never_framed_as_ended() {
+        let (mut tcp, mut app) = connected().await;
         let head = Bytes::from_static(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
         let mut upload = Upload::new(head, FailsThenEnds(0), Framing::Chunked(()), None);
         let mut written = false;
@@ -323,11 +331,7 @@ mod tests {
     /// it: nothing of the request goes out, its head included.
     #[tokio::test]
     async fn a_body_longer_than_its_length_is_refused() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut tcp = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut app, _) = listener.accept().await.unwrap();
+        let (mut tcp, mut app) = connected().await;
         let head = Bytes::from_static(b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n");
         let body = http_body_util::Full::new(Bytes::from_static(b"hello"));
         let mut upload = Upload::new(head, body, Framing::Length(3), None);
