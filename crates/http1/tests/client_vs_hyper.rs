@@ -16,7 +16,7 @@ use http_body_util::StreamBody;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use qproxy_http1::client::{ClientConn, Outgoing, Payload, exchange};
+use qproxy_http1::client::{self, Outgoing, Payload, exchange};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -99,7 +99,7 @@ async fn ours(req: Request<TestBody>, whole: bool) -> String {
         let mut out = Outgoing::new(&mut parts, payload);
         let tcp = TcpStream::connect(addr).await.unwrap();
         let local = tcp.local_addr().unwrap();
-        let mut conn = ClientConn::new(tcp, local);
+        let mut conn = client::Conn::new(tcp, local);
         let head = exchange(&mut conn, &mut out, &mut HeaderMap::new())
             .await
             .unwrap();

@@ -1,4 +1,4 @@
-//! The response body read from a [`ClientConn`], which hands the
+//! The response body read from a [`Conn`], which hands the
 //! connection back to the pool at its end.
 
 use std::io;
@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
-use super::{ClientConn, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
+use super::{Conn, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
 use crate::pool::Idle;
 use crate::wire::framing::{Decoded, Decoder, Framing};
 
@@ -39,7 +39,7 @@ pub enum ResponseBodyError {
     Upload(#[source] UploadError),
 }
 
-/// A response body read from an [`ClientConn`], which goes back to `idle`
+/// A response body read from a [`Conn`], which goes back to `idle`
 /// once the body has been read to its end, if it may be reused.
 ///
 /// When the app answered before it had the whole request body, the rest is
@@ -50,9 +50,9 @@ pub enum ResponseBodyError {
 pub struct ResponseBody {
     /// The connection, until the body has ended (with the rest of the
     /// request body, if it is still being written).
-    conn: Option<ClientConn>,
+    conn: Option<Conn>,
     /// Where the connection goes back, when it may be reused.
-    idle: Option<Arc<Idle<ClientConn>>>,
+    idle: Option<Arc<Idle<Conn>>>,
     /// Bytes read and not yet passed on.
     buf: BytesMut,
     /// `buf`'s memory is small enough to go back with the connection: it
@@ -69,11 +69,7 @@ impl ResponseBody {
     /// in its buffer), while what is left of the request body, if any, is
     /// written on; an empty body gives the connection back at once.
     /// Without `idle`, the connection is closed at the body's end.
-    pub fn new(
-        mut conn: ClientConn,
-        head: &ResponseHead,
-        idle: Option<Arc<Idle<ClientConn>>>,
-    ) -> Self {
+    pub fn new(mut conn: Conn, head: &ResponseHead, idle: Option<Arc<Idle<Conn>>>) -> Self {
         let buf = std::mem::take(&mut conn.buf);
         let mut body = ResponseBody {
             conn: Some(conn),

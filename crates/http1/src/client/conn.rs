@@ -15,11 +15,13 @@ use crate::pool::Pooled;
 /// the response's body, which hold it in turn, move a pointer with every
 /// move rather than the whole of it.
 #[derive(Debug)]
-pub struct ClientConn(pub(crate) Box<ClientLink>);
+pub struct Conn(pub(crate) Box<Link>);
 
-/// What an [`ClientConn`] holds.
+/// What a [`Conn`] holds: its socket and what it keeps from one response
+/// to the next.
 #[derive(Debug)]
-pub struct ClientLink {
+pub struct Link {
+    /// The socket.
     pub(crate) tcp: TcpStream,
     /// Our end, for error texts.
     pub(crate) local: SocketAddr,
@@ -36,24 +38,24 @@ pub struct ClientLink {
     pub(crate) upload: Option<Box<dyn Uploading>>,
 }
 
-impl std::ops::Deref for ClientConn {
-    type Target = ClientLink;
+impl std::ops::Deref for Conn {
+    type Target = Link;
 
-    fn deref(&self) -> &ClientLink {
+    fn deref(&self) -> &Link {
         &self.0
     }
 }
 
-impl std::ops::DerefMut for ClientConn {
-    fn deref_mut(&mut self) -> &mut ClientLink {
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Link {
         &mut self.0
     }
 }
 
-impl ClientConn {
+impl Conn {
     /// A connection just made, whose end is `local`.
     pub fn new(tcp: TcpStream, local: SocketAddr) -> Self {
-        Self(Box::new(ClientLink {
+        Self(Box::new(Link {
             tcp,
             local,
             buf: BytesMut::new(),
@@ -70,12 +72,12 @@ impl ClientConn {
     /// The socket, and what the app sent after the head just read: an
     /// upgraded connection (or a `CONNECT`'s), for its tunnel.
     pub fn into_io(self) -> (TcpStream, Bytes) {
-        let ClientLink { tcp, buf, .. } = *self.0;
+        let Link { tcp, buf, .. } = *self.0;
         (tcp, buf.freeze())
     }
 }
 
-impl Pooled for ClientConn {
+impl Pooled for Conn {
     fn keep(&self) -> Option<Duration> {
         (self.0.keep_ms > 0).then(|| Duration::from_millis(u64::from(self.0.keep_ms)))
     }

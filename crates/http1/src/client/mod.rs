@@ -9,7 +9,7 @@
 //! it comes ([`upload`](Upload)); it reads the response head into a
 //! buffer the size of what came, and the response body ([`ResponseBody`])
 //! reads the rest from the socket itself. An idle connection
-//! ([`ClientConn`]) keeps that buffer only when the response came in one
+//! ([`Conn`]) keeps that buffer only when the response came in one
 //! read (at most 4 KiB), and reads the next into it once nothing else holds
 //! it. The request's header map becomes the response's, so a request costs no
 //! header map. The rules are hyper's (and so what the app saw before): the
@@ -26,7 +26,7 @@
 //! just as the app closes it.
 //!
 //! A `101` (or a `2xx` to `CONNECT`) leaves the connection to the caller
-//! ([`ClientConn::into_io`]), for the tunnel.
+//! ([`Conn::into_io`]), for the tunnel.
 
 mod body;
 mod conn;
@@ -44,7 +44,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 pub use body::{AppAnswer, ResponseBody, ResponseBodyError, read_answer};
-pub use conn::{ClientConn, ClientLink};
+pub use conn::{Conn, Link};
 pub use upload::{Upload, UploadError, Uploading};
 
 use crate::BoxError;
@@ -269,7 +269,7 @@ pub struct ResponseHead {
 /// Each read lands on the stack and is copied into the buffer, which so
 /// grows only by what came.
 pub async fn exchange<B>(
-    conn: &mut ClientConn,
+    conn: &mut Conn,
     out: &mut Outgoing<B>,
     headers: &mut HeaderMap,
 ) -> Result<ResponseHead, ExchangeError>
@@ -493,9 +493,7 @@ fn parse(
     let mut headers = std::mem::take(spare);
     headers.reserve(count);
     let mut close = false;
-    // What the app announced in `Keep-Alive`.
-    let mut keep_ms = 0;
-    let mut never = false;
+    let mut announced = Announced::default();
     // What frames the body, noted on the way rather than looked up after.
     let mut coded: Option<bool> = None;
     let mut length = Ok(None);
@@ -518,14 +516,7 @@ fn parse(
                     length = add_length(known, &value).map(|()| *known);
                 }
             }
-            _ if name == KEEP_ALIVE => match keep_alive_limit(&value) {
-                Some(KeepAlive::For(d)) => {
-                    let ms = u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1);
-                    keep_ms = if keep_ms == 0 { ms } else { keep_ms.min(ms) };
-                }
-                Some(KeepAlive::Never) => never = true,
-                None => {}
-            },
+            _ if name == KEEP_ALIVE => announced.note(&value),
             _ => {}
         }
         headers.append(name, value);
@@ -537,8 +528,8 @@ fn parse(
         headers,
         framing,
         // An upgraded connection is the upgrade's; this one is not reused.
-        keep_alive: keep_alive && !never && status != StatusCode::SWITCHING_PROTOCOLS,
-        keep_ms,
+        keep_alive: keep_alive && !announced.never && status != StatusCode::SWITCHING_PROTOCOLS,
+        keep_ms: announced.keep_ms,
         one_read: false,
     }))
 }
@@ -546,6 +537,33 @@ fn parse(
 /// `Keep-Alive`, which `http` has no constant for: a custom name, so that
 /// a standard one compares unequal at its first byte.
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// What the app announced in a response's `Keep-Alive` fields.
+#[derive(Debug, Default)]
+struct Announced {
+    /// The shortest idle time announced, in milliseconds (0: none was).
+    keep_ms: u32,
+    /// The connection is not to be reused.
+    never: bool,
+}
+
+impl Announced {
+    /// Notes what the `Keep-Alive` field `value` says.
+    fn note(&mut self, value: &HeaderValue) {
+        match keep_alive_limit(value) {
+            Some(KeepAlive::For(d)) => {
+                let ms = u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1);
+                self.keep_ms = if self.keep_ms == 0 {
+                    ms
+                } else {
+                    self.keep_ms.min(ms)
+                };
+            }
+            Some(KeepAlive::Never) => self.never = true,
+            None => {}
+        }
+    }
+}
 
 /// What a `Keep-Alive` field says of the connection's reuse.
 #[derive(Debug, PartialEq, Eq)]

@@ -54,7 +54,7 @@ use super::h2c;
 use crate::proxy::body::ProxyBody;
 use qproxy_core::body::{Content, RequestBody};
 use qproxy_http1::client::{
-    ClientConn, ExchangeError, Outgoing, Payload, ResponseBody, ResponseHead, UploadError, exchange,
+    self, ExchangeError, Outgoing, Payload, ResponseBody, ResponseHead, UploadError, exchange,
 };
 use qproxy_http1::pool::Idle;
 use qproxy_http1::rewind::Rewind;
@@ -79,7 +79,7 @@ pub(crate) struct Upstream {
     addr: SocketAddr,
     authority: Authority,
     /// Idle HTTP/1.1 connections, for any request.
-    idle: Arc<Idle<ClientConn>>,
+    idle: Arc<Idle<client::Conn>>,
     h2c: H2c,
 }
 
@@ -177,7 +177,7 @@ impl Upstream {
     /// connection.
     async fn exchange_on(
         &self,
-        mut conn: ClientConn,
+        mut conn: client::Conn,
         out: &mut Outgoing<RequestBody>,
         headers: &mut HeaderMap,
         connect: bool,
@@ -197,7 +197,7 @@ impl Upstream {
     }
 
     /// What failed on `conn`, in Go's transport's words.
-    fn exchange_error(&self, err: ExchangeError, conn: &ClientConn) -> UpstreamError {
+    fn exchange_error(&self, err: ExchangeError, conn: &client::Conn) -> UpstreamError {
         match err {
             ExchangeError::Io(source) => UpstreamError::Io {
                 local: Some(conn.local()),
@@ -219,7 +219,7 @@ impl Upstream {
     }
 
     /// A new connection to the app, with Knative's TCP keep-alive.
-    async fn dial(&self) -> Result<ClientConn, UpstreamError> {
+    async fn dial(&self) -> Result<client::Conn, UpstreamError> {
         let (tcp, local) = dial(self.addr).await?;
         let keepalive = TcpKeepalive::new().with_time(TCP_KEEPALIVE);
         SockRef::from(&tcp)
@@ -228,7 +228,7 @@ impl Upstream {
                 addr: self.addr,
                 source,
             })?;
-        Ok(ClientConn::new(tcp, local))
+        Ok(client::Conn::new(tcp, local))
     }
 
     /// Sends an HTTP/2 request over h2c; its URI carries the `:authority`
