@@ -7,8 +7,8 @@
 //! |---|---|
 //! | [`wire`] | the rules both roles follow: header tokens, `Content-Length`, title-cased names, reads onto a buffer, the `Date` header, and the codec: how a body is framed, one encoder for what either role writes and one decoder for what the client reads (`framing`), on the chunked coding (`chunked`) |
 //! | [`limits`] | the sizes a head may reach, and how many of its lines both parsers take on the stack |
-//! | [`server`] | the server role: a client's connection from its first byte ([`server::conn::serve_connection`]: the first head read ahead, HTTP/1.1 told from h2c, one head clock, a graceful shutdown), a request head read and served, its response written, the hand-off to hyper for what it does not take |
-//! | [`client`] | the client role: a request written to the app, its response head and body read |
+//! | [`server`] | the server role: a client's connection from its first byte ([`server::conn::serve_connection`]: the first head read ahead, HTTP/1.1 told from h2c, one head clock, a graceful shutdown), a served connection (`Conn`: its read buffer, spare header map, write buffer and head clock) whose loop reads a request head, calls the service and writes the response, the hand-off to hyper for what it does not take |
+//! | [`client`] | the client role: an app connection ([`client::Conn`]: its socket, the read buffer it keeps, the rest of a request body still being written), a request written on it, its response head and body read |
 //! | [`pool`] | the app's connections kept alive between requests |
 //! | [`rewind`] | a connection whose first bytes were read already, given back before the rest: the server's first head read ahead, the bytes after an app's `101` |
 //!

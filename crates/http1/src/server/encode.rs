@@ -1,4 +1,5 @@
-//! A response head written as hyper writes it, and the write queue that
+//! A response head written as hyper writes it (its status line, then its
+//! fields by a [`HeadWriter`], then its end), and the write queue that
 //! holds it and the body's bytes behind it.
 
 use std::io::{self, IoSlice, Write};
@@ -7,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, Entry, TRAILER, TRANSFER_ENCODING};
-use http::{HeaderName, HeaderValue, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 use tokio::io::AsyncWrite;
 
 use crate::wire::chunked::{CHUNK_END, HexCase};
@@ -158,22 +159,9 @@ pub(crate) fn encode_head(
     dst: &mut Vec<u8>,
 ) -> Result<(Framing, bool), ()> {
     if !keep_alive {
-        match parts.headers.entry(CONNECTION) {
-            Entry::Occupied(mut entry) => {
-                if !entry.iter().any(|v| connection_has(v, "close")) {
-                    entry.append(HeaderValue::from_static("close"));
-                }
-            }
-            Entry::Vacant(entry) => {
-                entry.insert(HeaderValue::from_static("close"));
-            }
-        }
+        ask_close(&mut parts.headers);
     }
-    let status = parts.status;
-    let mut last = !keep_alive;
-    if status == StatusCode::SWITCHING_PROTOCOLS {
-        last = true;
-    } else if status.is_informational() {
+    if parts.status.is_informational() && parts.status != StatusCode::SWITCHING_PROTOCOLS {
         // hyper answers no final response with a `1xx`: it writes `500`
         // and closes.
         dst.extend_from_slice(b"HTTP/1.1 500 Internal Server Error\r\n");
@@ -183,140 +171,286 @@ pub(crate) fn encode_head(
         finish_head(dst, false);
         return Ok((Framing::Length(0), true));
     }
+    status_line(dst, parts);
+    let mut writer = HeadWriter::new(dst, parts, length, head, keep_alive);
+    for (name, value) in parts.headers.iter() {
+        writer.field(name, value)?;
+    }
+    Ok(writer.finish())
+}
+
+/// Adds `close` to the response's `Connection`, unless it says so
+/// already: the connection closes after it.
+fn ask_close(headers: &mut HeaderMap) {
+    match headers.entry(CONNECTION) {
+        Entry::Occupied(mut entry) => {
+            if !entry.iter().any(|v| connection_has(v, "close")) {
+                entry.append(HeaderValue::from_static("close"));
+            }
+        }
+        Entry::Vacant(entry) => {
+            entry.insert(HeaderValue::from_static("close"));
+        }
+    }
+}
+
+/// Writes a final response's status line: `HTTP/1.1 200 OK` as it is,
+/// any other from its version, its code and its reason (the response's
+/// own, or the standard one).
+fn status_line(dst: &mut Vec<u8>, parts: &http::response::Parts) {
+    let status = parts.status;
     let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
     let http10 = parts.version == Version::HTTP_10;
     if !http10 && status == StatusCode::OK && reason.is_none() {
         dst.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-    } else {
-        dst.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
-        dst.extend_from_slice(status.as_str().as_bytes());
-        dst.push(b' ');
-        match reason {
-            Some(reason) => dst.extend_from_slice(reason.as_bytes()),
-            None => dst.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+        return;
+    }
+    dst.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+    dst.extend_from_slice(status.as_str().as_bytes());
+    dst.push(b' ');
+    match reason {
+        Some(reason) => dst.extend_from_slice(reason.as_bytes()),
+        None => dst.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+    }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// A final response's header fields being written, in the map's order,
+/// as hyper's server writes them: what the fields said so far of the
+/// body's framing, the `Date` and the connection's end, and the line that
+/// later values of the same name join.
+struct HeadWriter<'a> {
+    dst: &'a mut Vec<u8>,
+    /// The body's size as hyper takes it: `None` for no body, `Some(None)`
+    /// for a size unknown.
+    length: Option<Option<u64>>,
+    /// The request is a `HEAD`.
+    head: bool,
+    /// The response is HTTP/1.0, which has no chunks.
+    http10: bool,
+    /// The status allows no body (`1xx`, `204`, `304`).
+    no_content: bool,
+    /// How the body is framed, as the fields say so far.
+    framing: Framing,
+    /// A `Content-Length` or `Transfer-Encoding` was written.
+    wrote_len: bool,
+    /// A `Content-Length`, `Transfer-Encoding`, `Connection` or `Trailer`
+    /// line is open: further values of the same name join it.
+    open: bool,
+    /// The last `Transfer-Encoding` value does not end in `chunked`.
+    must_chunk: bool,
+    /// The first `Content-Length` of a body whose size is unknown.
+    first_len: Option<u64>,
+    /// The response has its own `Date`.
+    wrote_date: bool,
+    /// The connection closes after the response.
+    last: bool,
+    /// The name of the fields being written.
+    current: Option<&'a HeaderName>,
+}
+
+impl<'a> HeadWriter<'a> {
+    /// A writer of the fields of the final response `parts` (its status
+    /// line written) into `dst`, its body `length` long, to a request that
+    /// is a `HEAD` when `head`, the connection closing after it unless
+    /// `keep_alive`.
+    fn new(
+        dst: &'a mut Vec<u8>,
+        parts: &http::response::Parts,
+        length: Option<Option<u64>>,
+        head: bool,
+        keep_alive: bool,
+    ) -> Self {
+        let status = parts.status;
+        HeadWriter {
+            dst,
+            length,
+            head,
+            http10: parts.version == Version::HTTP_10,
+            no_content: status.is_informational()
+                || status == StatusCode::NO_CONTENT
+                || status == StatusCode::NOT_MODIFIED,
+            framing: Framing::Length(0),
+            wrote_len: false,
+            open: false,
+            must_chunk: false,
+            first_len: None,
+            wrote_date: false,
+            last: !keep_alive || status == StatusCode::SWITCHING_PROTOCOLS,
+            current: None,
         }
-        dst.extend_from_slice(b"\r\n");
     }
 
-    let no_content = status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    let can_chunk = !head && !no_content;
-    let can_length = !no_content;
+    /// Whether the body may be chunked: not in answer to a `HEAD`, nor
+    /// for a status that allows no body.
+    fn can_chunk(&self) -> bool {
+        !self.head && !self.no_content
+    }
 
-    let mut framing = Framing::Length(0);
-    let mut wrote_len = false;
-    // A `Content-Length`, `Transfer-Encoding`, `Connection` or `Trailer`
-    // line is open: further values of the same name join it.
-    let mut open = false;
-    let mut must_chunk = false;
-    let mut first_len = None;
-    let mut wrote_date = false;
-    let mut current: Option<&HeaderName> = None;
-    for (name, value) in parts.headers.iter() {
-        if !current.is_some_and(|c| std::ptr::eq(c, name)) {
-            close_line(dst, &mut open, must_chunk);
-            current = Some(name);
+    /// Writes a header field; `Err` for a `Content-Length` or
+    /// `Transfer-Encoding` hyper cannot write.
+    #[inline]
+    fn field(&mut self, name: &'a HeaderName, value: &HeaderValue) -> Result<(), ()> {
+        if !self.current.is_some_and(|c| std::ptr::eq(c, name)) {
+            self.close_line();
+            self.current = Some(name);
         }
-        match *name {
-            CONTENT_LENGTH => {
-                if wrote_len && !open {
-                    return Err(());
-                }
-                match length {
-                    Some(Some(known)) => {
-                        if !open {
-                            framing = Framing::Length(known);
-                            open_line(dst, name, value);
-                            wrote_len = true;
-                            open = true;
-                        }
-                        continue;
-                    }
-                    Some(None) => {
-                        let Some(len) = digits(value.as_bytes()) else {
-                            return Err(());
-                        };
-                        if let Some(first) = first_len {
-                            if first != len {
-                                return Err(());
-                            }
-                            continue;
-                        }
-                        framing = Framing::Length(len);
-                        open_line(dst, name, value);
-                        wrote_len = true;
-                        open = true;
-                        first_len = Some(len);
-                        continue;
-                    }
-                    None if !head => continue,
-                    None => wrote_len = true,
-                }
-            }
+        // Whether the field goes on a line of its own, as it is.
+        let as_is = match *name {
+            CONTENT_LENGTH => self.content_length(name, value)?,
             TRANSFER_ENCODING => {
-                if wrote_len && !open {
-                    return Err(());
-                }
-                if http10 || !can_chunk {
-                    continue;
-                }
-                wrote_len = true;
-                must_chunk = !ends_chunked(value);
-                if !open {
-                    framing = Framing::Chunked(());
-                }
-                add_to_line(dst, &mut open, name, value);
-                continue;
+                self.transfer_encoding(name, value)?;
+                false
             }
             CONNECTION => {
-                last = last || connection_has(value, "close");
-                add_to_line(dst, &mut open, name, value);
-                continue;
+                self.last = self.last || connection_has(value, "close");
+                self.add_to_line(name, value);
+                false
             }
-            DATE => wrote_date = true,
+            DATE => {
+                self.wrote_date = true;
+                true
+            }
             TRAILER => {
-                if http10 || !can_chunk {
-                    continue;
+                if !self.http10 && self.can_chunk() {
+                    self.add_to_line(name, value);
                 }
-                add_to_line(dst, &mut open, name, value);
-                continue;
+                false
             }
-            _ => {}
+            _ => true,
+        };
+        if as_is {
+            header_line(self.dst, name, value);
         }
-        header_line(dst, name, value);
+        Ok(())
     }
-    close_line(dst, &mut open, must_chunk);
 
-    if !wrote_len {
-        framing = match length {
-            Some(None) if http10 || !can_chunk => Framing::Close,
+    /// Writes a `Content-Length`: the body's own size when it is known
+    /// (one line, whatever the field says), the field's when it is not
+    /// (its repeats dropped, `Err` when they differ). `Ok(true)` when it
+    /// goes as it is instead, on a line of its own: for a `HEAD` without a
+    /// body.
+    fn content_length(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<bool, ()> {
+        if self.wrote_len && !self.open {
+            return Err(());
+        }
+        match self.length {
+            Some(Some(known)) => {
+                if !self.open {
+                    self.framing = Framing::Length(known);
+                    open_line(self.dst, name, value);
+                    self.wrote_len = true;
+                    self.open = true;
+                }
+            }
             Some(None) => {
-                dst.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+                let Some(len) = digits(value.as_bytes()) else {
+                    return Err(());
+                };
+                if let Some(first) = self.first_len {
+                    return if first == len { Ok(false) } else { Err(()) };
+                }
+                self.framing = Framing::Length(len);
+                open_line(self.dst, name, value);
+                self.wrote_len = true;
+                self.open = true;
+                self.first_len = Some(len);
+            }
+            None if !self.head => {}
+            None => {
+                self.wrote_len = true;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Writes a `Transfer-Encoding` (none in HTTP/1.0, nor where the body
+    /// may not be chunked), its values on one line that ends in `chunked`.
+    fn transfer_encoding(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), ()> {
+        if self.wrote_len && !self.open {
+            return Err(());
+        }
+        if self.http10 || !self.can_chunk() {
+            return Ok(());
+        }
+        self.wrote_len = true;
+        self.must_chunk = !ends_chunked(value);
+        if !self.open {
+            self.framing = Framing::Chunked(());
+        }
+        self.add_to_line(name, value);
+        Ok(())
+    }
+
+    /// Adds a value to the open line, or opens one with it.
+    fn add_to_line(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if self.open {
+            self.dst.extend_from_slice(b", ");
+            self.dst.extend_from_slice(value.as_bytes());
+        } else {
+            open_line(self.dst, name, value);
+            self.open = true;
+        }
+    }
+
+    /// Ends the open line, if one is; a `Transfer-Encoding` whose last
+    /// coding is not `chunked` gets it (hyper adds it to whichever line it
+    /// ends).
+    fn close_line(&mut self) {
+        if self.open {
+            if self.must_chunk {
+                self.dst.extend_from_slice(b", chunked\r\n");
+            } else {
+                self.dst.extend_from_slice(b"\r\n");
+            }
+            self.open = false;
+        }
+    }
+
+    /// Ends the head: the framing the fields did not say, from the body's
+    /// size, the `Date` and the blank line. Says how the body is framed
+    /// and whether the connection closes after it.
+    fn finish(mut self) -> (Framing, bool) {
+        self.close_line();
+        let mut framing = if self.wrote_len {
+            self.framing
+        } else {
+            self.implied_framing()
+        };
+        if self.head || self.no_content {
+            framing = Framing::Length(0);
+        }
+        finish_head(self.dst, self.wrote_date);
+        (framing, self.last || framing == Framing::Close)
+    }
+
+    /// The framing of a body whose fields gave none, written as hyper
+    /// writes it: chunks for a size unknown (or the connection's close,
+    /// where chunks may not be), a `Content-Length` for a size known.
+    fn implied_framing(&mut self) -> Framing {
+        let can_length = !self.no_content;
+        match self.length {
+            Some(None) if self.http10 || !self.can_chunk() => Framing::Close,
+            Some(None) => {
+                self.dst
+                    .extend_from_slice(b"Transfer-Encoding: chunked\r\n");
                 Framing::Chunked(())
             }
             None | Some(Some(0)) => {
-                if can_length && !head {
-                    dst.extend_from_slice(b"Content-Length: 0\r\n");
+                if can_length && !self.head {
+                    self.dst.extend_from_slice(b"Content-Length: 0\r\n");
                 }
                 Framing::Length(0)
             }
             Some(Some(len)) if can_length => {
-                dst.extend_from_slice(b"Content-Length: ");
-                let _ = write!(dst, "{len}\r\n");
+                self.dst.extend_from_slice(b"Content-Length: ");
+                let _ = write!(self.dst, "{len}\r\n");
                 Framing::Length(len)
             }
             Some(Some(_)) => Framing::Length(0),
-        };
+        }
     }
-    if head || no_content {
-        framing = Framing::Length(0);
-    }
-    finish_head(dst, wrote_date);
-    if framing == Framing::Close {
-        last = true;
-    }
-    Ok((framing, last))
 }
 
 /// Starts a header line that later values of its name may join.
@@ -324,30 +458,6 @@ fn open_line(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     title_case(dst, name.as_str());
     dst.extend_from_slice(b": ");
     dst.extend_from_slice(value.as_bytes());
-}
-
-/// Adds a value to the open line, or opens one with it.
-fn add_to_line(dst: &mut Vec<u8>, open: &mut bool, name: &HeaderName, value: &HeaderValue) {
-    if *open {
-        dst.extend_from_slice(b", ");
-        dst.extend_from_slice(value.as_bytes());
-    } else {
-        open_line(dst, name, value);
-        *open = true;
-    }
-}
-
-/// Ends the open line, if one is; a `Transfer-Encoding` whose last coding
-/// is not `chunked` gets it (hyper adds it to whichever line it ends).
-fn close_line(dst: &mut Vec<u8>, open: &mut bool, must_chunk: bool) {
-    if *open {
-        if must_chunk {
-            dst.extend_from_slice(b", chunked\r\n");
-        } else {
-            dst.extend_from_slice(b"\r\n");
-        }
-        *open = false;
-    }
 }
 
 /// Adds the `Date` (unless the response has one) and the head's end.

@@ -8,14 +8,18 @@
 //!
 //! hyper's HTTP/1.1 server keeps a dispatcher, a read buffer and a write
 //! buffer for each connection, and takes each request through its service
-//! adapter. Here the connection's task reads a request head into a buffer
-//! the size of what came, parses it with `httparse` (hyper's parser) into
-//! a request whose header values share that buffer, calls the port's
-//! service, and writes the response head and the first bytes of its body
-//! in one write (the head of a body of known length waits for them, as Go's
-//! proxy sends it). Between requests a connection keeps only what it wrote
-//! last (up to 16 KiB) and its last head's memory (up to 2 KiB), which the
-//! next response and head reuse once nothing else holds them.
+//! adapter. Here a served connection is one `Conn` (its read buffer, its
+//! spare header map, its write buffer, its head clock), a response being
+//! written one `Writing` (its write queue, its body and how it is framed),
+//! and [`serve`] a loop over the connection's steps: the connection's task
+//! reads a request head into a buffer the size of what came, parses it
+//! with `httparse` (hyper's parser) into a request whose header values
+//! share that buffer, calls the port's service, and writes the response
+//! head and the first bytes of its body in one write (the head of a body of
+//! known length waits for them, as Go's proxy sends it). Between requests a
+//! connection keeps only what it wrote last (up to 16 KiB) and its last
+//! head's memory (up to 2 KiB), which the next response and head reuse once
+//! nothing else holds them.
 //!
 //! The rules are hyper's, so that clients see what they saw before:
 //! - a request is read as hyper reads it; `Connection: close` ends the
@@ -66,7 +70,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Request, Response};
-use http_body::Body as HttpBody;
+use http_body::{Body as HttpBody, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -111,13 +115,13 @@ pub enum Served {
 }
 
 /// Serves requests on `io`, whose first bytes `first` have been read and
-/// whose heads `clock` times, until the connection ends or a request is
-/// one for hyper.
+/// whose heads `clock` times, until the connection ends, `owner` asks it
+/// to finish, or a request is one for hyper.
 pub async fn serve<IO, S, RB, B, L>(
     io: &mut IO,
     first: Bytes,
     clock: &HeadClock,
-    conn: &L,
+    owner: &L,
     service: &mut S,
 ) -> Served
 where
@@ -128,227 +132,381 @@ where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let mut pending = first
-        .try_into_mut()
-        .unwrap_or_else(|first| BytesMut::from(&first[..]));
-    // hyper reuses the last response's header map for the next request.
-    let mut spare = HeaderMap::new();
-    let mut stopping = pin!(conn.stopping());
-    // The write buffer, kept between requests while it is small.
-    let mut write_buf = Vec::new();
-    let mut first_head = true;
+    let mut conn = Conn::new(io, first, clock);
+    let mut stopping = pin!(owner.stopping());
     loop {
-        let mut started: Option<Instant> = None;
-        // Bytes of this head have been read since the last response.
-        let mut arrived = false;
         let (req, keep_alive, body_read) = loop {
-            if !pending.is_empty() {
-                // `pending` keeps the memory after the head's, and the
-                // head's own once nothing holds it any more.
-                let raw = pending.split().freeze();
-                match parse(&raw, &mut spare) {
-                    RequestParse::Request {
-                        req,
-                        keep_alive,
-                        len,
-                        body_read,
-                    } => {
-                        if raw.len() > len {
-                            pending = BytesMut::from(&raw[len..]);
-                        } else if raw.len() + pending.capacity() > KEEP_READ {
-                            pending = BytesMut::new();
+            let read = match conn.next_request() {
+                Next::Request(req, keep_alive, body_read) => break (req, keep_alive, body_read),
+                // A graceful shutdown closes a connection between
+                // requests, as hyper does, whatever part of a head it
+                // holds. Bytes already there are read first: a head that
+                // has come whole is served, and its response closes the
+                // connection.
+                // More of the head, read here rather than in a method of
+                // `Conn`: as a future of its own its poll was not inlined
+                // into this loop's (about 90 instructions a request).
+                Next::Head => {
+                    let read = poll_fn(|cx| poll_read_into(conn.io, &mut conn.pending, cx));
+                    let (started, timeout) = (conn.started, conn.clock.timeout());
+                    let read = async {
+                        match started {
+                            Some(at) => tokio::time::timeout_at(at + timeout, read)
+                                .await
+                                .unwrap_or(Ok(0)),
+                            None => read.await,
                         }
-                        break (req, keep_alive, body_read);
+                    };
+                    let got = tokio::select! {
+                        biased;
+                        got = read => got,
+                        () = &mut stopping => return Served::Closed,
+                    };
+                    if !matches!(got, Ok(n) if n > 0) {
+                        return Served::Closed;
                     }
-                    RequestParse::Partial => {
-                        // `pending` lets go first, so that the head's
-                        // memory is `raw`'s alone and grows in place.
-                        drop(std::mem::take(&mut pending));
-                        pending = raw
-                            .try_into_mut()
-                            .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
-                    }
-                    RequestParse::Short { whole } => {
-                        // The request's memory, its size exactly: the
-                        // bytes the kernel holds until they are read.
-                        drop(std::mem::take(&mut pending));
-                        pending = BytesMut::with_capacity(whole);
-                        pending.extend_from_slice(&raw);
-                        drop(raw);
-                        // The rest of the body is read on while it is
-                        // there already; one that is still on its way is
-                        // streamed by hyper, with what came of it.
-                        while pending.len() < whole {
-                            let most = whole - pending.len();
-                            let now = poll_fn(|cx| {
-                                Poll::Ready(poll_read_at_most(io, &mut pending, most, cx))
-                            });
-                            if !matches!(now.await, Poll::Ready(Ok(n)) if n > 0) {
-                                return Served::HandOff(pending.freeze());
-                            }
-                        }
-                        continue;
-                    }
-                    RequestParse::Hyper => return Served::HandOff(raw),
+                    conn.arrived = true;
+                    Ok(())
                 }
-                // A later head's clock starts with its first bytes read
-                // (bytes that came with the last request start none); the
-                // first head's is the connection's own (`first_head`).
-                if !first_head && arrived && started.is_none() {
-                    started = Some(Instant::now());
-                }
-            }
-            let read = poll_fn(|cx| poll_read_into(io, &mut pending, cx));
-            let read = async {
-                match started {
-                    Some(at) => tokio::time::timeout_at(at + clock.timeout(), read)
-                        .await
-                        .unwrap_or(Ok(0)),
-                    None => read.await,
-                }
+                Next::Body(whole) => conn.read_body(whole).await,
+                Next::HandOff(raw) => return Served::HandOff(raw),
             };
-            // A graceful shutdown closes a connection between requests, as
-            // hyper does, whatever part of a head it holds. Bytes already
-            // there are read first: a head that has come whole is served,
-            // and its response closes the connection.
-            let got = tokio::select! {
-                biased;
-                got = read => got,
-                () = &mut stopping => return Served::Closed,
-            };
-            if !matches!(got, Ok(n) if n > 0) {
-                return Served::Closed;
+            if let Err(served) = read {
+                return served;
             }
-            arrived = true;
         };
-        if first_head {
-            clock.first_read();
-            first_head = false;
-        }
-
         let head = req.method() == Method::HEAD;
         match poll_fn(|cx| service.poll_ready(cx)).await {
             Ok(()) => {}
             Err(never) => match never {},
         }
-        let mut watch = Watch::new(&pending, body_read.as_ref());
+        let mut watch = Watch::new(&conn.pending, body_read.as_ref());
         // The stack's future is made in place here (the request moved into
         // it, not first into the exchange's), and dropped once it answers.
         let answered = {
             let answer = pin!(service.call(req));
-            exchange(io, &mut pending, answer, &mut watch).await
+            conn.exchange(answer, &mut watch).await
         };
         let Some(res) = answered else {
             return Served::Closed;
         };
-        let keep_alive = keep_alive && !conn.is_stopping();
-        let responded = respond(
-            io,
-            &mut pending,
-            &mut write_buf,
-            res,
-            head,
-            keep_alive,
-            watch,
-        );
-        let Ok(kept) = responded.await else {
+        let keep_alive = keep_alive && !owner.is_stopping();
+        let Ok(kept) = conn.respond(res, head, keep_alive, watch).await else {
             return Served::Closed;
         };
         match kept {
-            Some(headers) if !conn.is_stopping() => spare = headers,
+            Some(headers) if !owner.is_stopping() => conn.spare = headers,
             // The response was the connection's last: it closes cleanly.
-            _ => {
-                let _ = poll_fn(|cx| Pin::new(&mut *io).poll_shutdown(cx)).await;
-                return Served::Closed;
-            }
+            _ => return conn.shutdown().await,
         }
     }
 }
 
-/// Waits for the stack's `answer` to a request, watching the client with
-/// `watch` as hyper does (once the request's body, if any, has been read):
-/// a client that closes its end (or fails) abandons the request, and
-/// `None` is returned. The watch goes on to the response's writing: it
-/// knows whether it polled the client in the wake-up that got the response.
-async fn exchange<IO, F, B>(
-    io: &mut IO,
-    pending: &mut BytesMut,
-    mut answer: Pin<&mut F>,
-    watch: &mut Watch<'_>,
-) -> Option<Response<B>>
-where
-    IO: AsyncRead + Unpin,
-    F: Future<Output = Result<Response<B>, Infallible>>,
-{
-    poll_fn(|cx| {
-        if watch.poll_gone(io, pending, cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        let unread = watch.waits_for_body();
-        if let Poll::Ready(res) = answer.as_mut().poll(cx) {
-            return Poll::Ready(match res {
-                Ok(res) => Some(res),
-                Err(never) => match never {},
-            });
-        }
-        // The body has just been read: the watch starts now.
-        if unread && !watch.waits_for_body() && watch.poll_gone(io, pending, cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
+/// A connection served here: what it holds from one request to the next,
+/// as hyper's `Conn` holds a connection's buffers and state for its
+/// dispatcher. [`serve`] is a loop over its steps: a request read, the
+/// stack's answer awaited while the client is watched, the response
+/// written.
+struct Conn<'a, IO> {
+    /// The client's connection.
+    io: &'a mut IO,
+    /// Bytes read and not yet served: the next head, or its start (a
+    /// pipelined request, or bytes that came while a response was
+    /// written).
+    pending: BytesMut,
+    /// The header map the next request's head is read into: hyper reuses
+    /// the last response's header map for the next request.
+    spare: HeaderMap,
+    /// The write buffer, kept between requests while it is small.
+    write_buf: Vec<u8>,
+    /// The connection's first head is still to come: its clock is the
+    /// connection's own, started when the connection was accepted.
+    first_head: bool,
+    /// The clock every head of the connection is timed by.
+    clock: &'a HeadClock,
+    /// When the first bytes of a later head came, which started its clock.
+    started: Option<Instant>,
+    /// Bytes of the next head have been read since the last response.
+    arrived: bool,
 }
 
-/// Writes a response: its head, then its body. `Ok(Some(map))` when the
-/// connection may serve another request (with the response's header map,
-/// emptied, for it), `Ok(None)` when it is to close after it, `Err` when
-/// it is to close at once. `watch` watches the client, as it did for the
-/// exchange.
-async fn respond<IO, B>(
-    io: &mut IO,
-    pending: &mut BytesMut,
-    write_buf: &mut Vec<u8>,
-    res: Response<B>,
-    head: bool,
-    keep_alive: bool,
-    mut watch: Watch<'_>,
-) -> Result<Option<HeaderMap>, ()>
+/// What the connection is to do next, told by what its buffer holds.
+// The request is moved once, straight out; boxing it would cost an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Next<RB> {
+    /// Serve this request, read whole here: whether the connection may
+    /// serve another after it, and what tells when the stack has read its
+    /// body, if it has one.
+    Request(Request<RB>, bool, Option<BodyRead>),
+    /// Read more of the head.
+    Head,
+    /// Read on the rest of the body of a request this many bytes long.
+    Body(usize),
+    /// Hand the connection to hyper, these bytes first.
+    HandOff(Bytes),
+}
+
+impl<'a, IO> Conn<'a, IO>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
+{
+    /// A connection on `io`, whose first bytes `first` have been read and
+    /// whose heads `clock` times.
+    fn new(io: &'a mut IO, first: Bytes, clock: &'a HeadClock) -> Self {
+        Conn {
+            io,
+            pending: first
+                .try_into_mut()
+                .unwrap_or_else(|first| BytesMut::from(&first[..])),
+            spare: HeaderMap::new(),
+            write_buf: Vec::new(),
+            first_head: true,
+            clock,
+            started: None,
+            arrived: false,
+        }
+    }
+
+    /// Parses what the buffer holds, and says what to do next: serve
+    /// the request it holds, read more of its head or its body, or hand
+    /// the connection to hyper.
+    fn next_request<RB: MakeBody>(&mut self) -> Next<RB> {
+        if self.pending.is_empty() {
+            return Next::Head;
+        }
+        // `pending` keeps the memory after the head's, and the head's own
+        // once nothing holds it any more.
+        let raw = self.pending.split().freeze();
+        match parse(&raw, &mut self.spare) {
+            RequestParse::Request {
+                req,
+                keep_alive,
+                len,
+                body_read,
+            } => {
+                if raw.len() > len {
+                    self.pending = BytesMut::from(&raw[len..]);
+                } else if raw.len() + self.pending.capacity() > KEEP_READ {
+                    self.pending = BytesMut::new();
+                }
+                if self.first_head {
+                    self.clock.first_read();
+                    self.first_head = false;
+                }
+                self.started = None;
+                self.arrived = false;
+                return Next::Request(req, keep_alive, body_read);
+            }
+            RequestParse::Partial => {
+                // `pending` lets go first, so that the head's memory is
+                // `raw`'s alone and grows in place.
+                drop(std::mem::take(&mut self.pending));
+                self.pending = raw
+                    .try_into_mut()
+                    .unwrap_or_else(|raw| BytesMut::from(&raw[..]));
+            }
+            RequestParse::Short { whole } => {
+                // The request's memory, its size exactly: the bytes the
+                // kernel holds until they are read.
+                drop(std::mem::take(&mut self.pending));
+                self.pending = BytesMut::with_capacity(whole);
+                self.pending.extend_from_slice(&raw);
+                return Next::Body(whole);
+            }
+            RequestParse::Hyper => return Next::HandOff(raw),
+        }
+        // A later head's clock starts with its first bytes read (bytes
+        // that came with the last request start none); the first head's is
+        // the connection's own (`first_head`).
+        if !self.first_head && self.arrived && self.started.is_none() {
+            self.started = Some(Instant::now());
+        }
+        Next::Head
+    }
+
+    /// Reads on the rest of a request `whole` bytes long, whose head and
+    /// start of body the buffer holds, while its bytes are there already;
+    /// `Err` (a hand-off, with what came) when the rest is still on its
+    /// way: hyper streams it, with what came of it.
+    async fn read_body(&mut self, whole: usize) -> Result<(), Served> {
+        while self.pending.len() < whole {
+            let most = whole - self.pending.len();
+            let now =
+                poll_fn(|cx| Poll::Ready(poll_read_at_most(self.io, &mut self.pending, most, cx)));
+            if !matches!(now.await, Poll::Ready(Ok(n)) if n > 0) {
+                return Err(Served::HandOff(std::mem::take(&mut self.pending).freeze()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the stack's `answer` to a request, watching the client
+    /// with `watch` as hyper does (once the request's body, if any, has
+    /// been read): a client that closes its end (or fails) abandons the
+    /// request, and `None` is returned. The watch goes on to the
+    /// response's writing: it knows whether it polled the client in the
+    /// wake-up that got the response.
+    async fn exchange<F, B>(
+        &mut self,
+        mut answer: Pin<&mut F>,
+        watch: &mut Watch<'_>,
+    ) -> Option<Response<B>>
+    where
+        F: Future<Output = Result<Response<B>, Infallible>>,
+    {
+        poll_fn(|cx| {
+            if watch.poll_gone(self.io, &mut self.pending, cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            let unread = watch.waits_for_body();
+            if let Poll::Ready(res) = answer.as_mut().poll(cx) {
+                return Poll::Ready(match res {
+                    Ok(res) => Some(res),
+                    Err(never) => match never {},
+                });
+            }
+            // The body has just been read: the watch starts now.
+            if unread
+                && !watch.waits_for_body()
+                && watch.poll_gone(self.io, &mut self.pending, cx).is_ready()
+            {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Writes a response: its head, then its body. `Ok(Some(map))` when
+    /// the connection may serve another request (with the response's
+    /// header map, emptied, for it), `Ok(None)` when it is to close after
+    /// it, `Err` when it is to close at once. `watch` watches the client,
+    /// as it did for the exchange.
+    async fn respond<B>(
+        &mut self,
+        res: Response<B>,
+        head: bool,
+        keep_alive: bool,
+        watch: Watch<'_>,
+    ) -> Result<Option<HeaderMap>, ()>
+    where
+        B: HttpBody<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let (mut parts, body) = res.into_parts();
+        let length = if body.is_end_stream() {
+            None
+        } else {
+            Some(body.size_hint().exact())
+        };
+        let mut body = pin!(Some(body));
+        let mut writing = Writing::new(std::mem::take(&mut self.write_buf), body.as_mut(), watch);
+        // Room for the head as hyper reckons it, and a small body.
+        let small = length.flatten().filter(|&n| n <= COPY_MAX as u64);
+        let room = 64 + parts.headers.len() * 32 + small.map_or(0, |n| n as usize);
+        let front = &mut writing.out.front;
+        front.reserve(room);
+        let (framing, last) = encode_head(&mut parts, length, head, keep_alive, front)?;
+        writing.frame(framing, length.is_some(), last);
+        let written = poll_fn(|cx| writing.poll_write(self, cx)).await;
+        let (kept, last) = writing.finish();
+        written?;
+        if kept.capacity() <= COPY_MAX {
+            self.write_buf = kept;
+        }
+        if last {
+            return Ok(None);
+        }
+        parts.headers.clear();
+        Ok(Some(parts.headers))
+    }
+
+    /// Closes the connection cleanly, after its last response.
+    async fn shutdown(&mut self) -> Served {
+        let _ = poll_fn(|cx| Pin::new(&mut *self.io).poll_shutdown(cx)).await;
+        Served::Closed
+    }
+}
+
+/// A response being written, once its head is queued: what frames its
+/// body, what is left of the body, and whether the connection ends after
+/// it, as hyper's `Conn` keeps its writing state.
+struct Writing<'w, B> {
+    /// The bytes on their way out: the head, then the body's, framed.
+    out: WriteQueue,
+    /// Frames the body's data and its end.
+    encoder: Encoder,
+    /// The body, until it has ended: as with hyper, a body is dropped as
+    /// soon as it has ended (its guards settle then), before its last
+    /// bytes are written.
+    body: Pin<&'w mut Option<B>>,
+    /// The head waits for the body's first bytes. Go's proxy (its
+    /// `FlushInterval` 0 for a body of known length) sends such a
+    /// response's head with the body's first bytes, its server's 4 KiB
+    /// buffer flushing no sooner: the head waits for them here too (unless
+    /// it fills that buffer alone), so that a client that reads the head
+    /// and leaves has seen what it does with Go, and is counted so.
+    head_held: bool,
+    /// The connection closes after the response.
+    last: bool,
+    /// The client, watched while the body waits.
+    watch: Watch<'w>,
+    /// The client's socket was polled in the wake-up that got the
+    /// response, by the exchange: the first wake-up here need not poll it
+    /// again.
+    watched: bool,
+}
+
+impl<'w, B> Writing<'w, B>
+where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let (mut parts, body) = res.into_parts();
-    let length = if body.is_end_stream() {
-        None
-    } else {
-        Some(body.size_hint().exact())
-    };
-    let mut out = WriteQueue {
-        front: std::mem::take(write_buf),
-        ..WriteQueue::default()
-    };
-    // Room for the head as hyper reckons it, and a small body.
-    let small = length.flatten().filter(|&n| n <= COPY_MAX as u64);
-    let room = 64 + parts.headers.len() * 32 + small.map_or(0, |n| n as usize);
-    out.front.reserve(room);
-    let (framing, mut last) = encode_head(&mut parts, length, head, keep_alive, &mut out.front)?;
-    let mut encoder = Encoder::new(framing);
-    // As with hyper, a body is dropped as soon as it has ended (its
-    // guards settle then), before its last bytes are written.
-    let mut body = pin!(Some(body));
-    if length.is_none() || framing == Framing::Length(0) {
-        body.set(None);
+    /// A response to be written after what `front` holds (a buffer kept
+    /// from the last response, emptied), with `body`, watching the client
+    /// with `watch` as the exchange did. Its head is written into
+    /// `out.front`, then [`frame`](Self::frame) says how its body goes.
+    fn new(front: Vec<u8>, body: Pin<&'w mut Option<B>>, watch: Watch<'w>) -> Self {
+        Writing {
+            out: WriteQueue {
+                front,
+                ..WriteQueue::default()
+            },
+            encoder: Encoder::new(Framing::Length(0)),
+            body,
+            head_held: false,
+            last: false,
+            watched: watch.armed,
+            watch,
+        }
     }
-    let mut watched = watch.armed;
-    // Go's proxy (its `FlushInterval` 0 for a body of known length) sends
-    // such a response's head with the body's first bytes, its server's
-    // 4 KiB buffer flushing no sooner: the head waits for them here too
-    // (unless it fills that buffer alone), so that a client that reads the
-    // head and leaves has seen what it does with Go, and is counted so.
-    let mut head_held = matches!(framing, Framing::Length(n) if n > 0);
-    let written = poll_fn(|cx| {
+
+    /// Sets how the body is framed, once the head is written: as
+    /// `framing` says, with nothing to write of it unless it has one
+    /// (`has_body`) and the head gave it some length; the connection
+    /// closes after the response when `last`.
+    fn frame(&mut self, framing: Framing, has_body: bool, last: bool) {
+        self.encoder = Encoder::new(framing);
+        if !has_body || framing == Framing::Length(0) {
+            self.body.set(None);
+        }
+        self.head_held = matches!(framing, Framing::Length(n) if n > 0);
+        self.last = last;
+    }
+
+    /// Writes the response on `conn`: the body's frames queued behind the
+    /// head as they come, written once many are queued, when the body
+    /// waits, and at its end. `Ready(Ok)` once all of it is written and
+    /// flushed, `Ready(Err)` when the connection is to close at once.
+    fn poll_write<IO>(
+        &mut self,
+        conn: &mut Conn<'_, IO>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ()>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
         // The client is watched while the body waits, not before what the
         // body has ready: a body that ends in the wake-up that finds the
         // client gone has ended whole, as in Go, whose server takes the
@@ -357,14 +515,14 @@ where
         // hang-up wakes the task: each wake-up polls it until then, not at
         // every wait. The exchange that has just ended may have done so in
         // this wake-up already.
-        let mut armed = std::mem::take(&mut watched);
+        let armed = std::mem::take(&mut self.watched);
         loop {
-            let Some(mut polled) = body.as_mut().as_pin_mut() else {
-                ready!(out.poll_write(io, cx)).map_err(|_| ())?;
-                return Pin::new(&mut *io).poll_flush(cx).map_err(|_| ());
+            let Some(mut polled) = self.body.as_mut().as_pin_mut() else {
+                ready!(self.out.poll_write(conn.io, cx)).map_err(|_| ())?;
+                return Pin::new(&mut *conn.io).poll_flush(cx).map_err(|_| ());
             };
-            if out.queued() >= WRITE_AT {
-                ready!(out.poll_write(io, cx)).map_err(|_| ())?;
+            if self.out.queued() >= WRITE_AT {
+                ready!(self.out.poll_write(conn.io, cx)).map_err(|_| ())?;
             }
             let frame = match polled.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => Some(frame),
@@ -374,63 +532,81 @@ where
                     tracing::debug!(error = %e, "response body failed");
                     return Poll::Ready(Err(()));
                 }
-                Poll::Pending => {
-                    if !armed {
-                        if watch.poll_gone(io, pending, cx).is_ready() {
-                            return Poll::Ready(Err(()));
-                        }
-                        armed = watch.armed;
-                    }
-                    if head_held && out.queued() < HEAD_HELD_MAX {
-                        return Poll::Pending;
-                    }
-                    ready!(out.poll_write(io, cx)).map_err(|_| ())?;
-                    ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(|_| ())?;
-                    return Poll::Pending;
-                }
+                Poll::Pending => return self.poll_waiting(conn, armed, cx),
             };
             let end = polled.is_end_stream();
-            let (ended, with_data) = match frame.map(http_body::Frame::into_data) {
-                Some(Ok(data)) if !data.is_empty() => {
-                    out.data(&mut encoder, data);
-                    head_held = false;
-                    (end, true)
-                }
-                Some(Ok(_)) => (end, false),
-                // Trailers go only to a client that asked for them (`TE:
-                // trailers`), and such requests are hyper's: they end the
-                // body.
-                Some(Err(frame)) => (end || frame.is_trailers(), false),
-                None => (true, false),
-            };
-            if ended {
-                body.set(None);
-                if !out.end(&mut encoder) {
-                    if !with_data {
-                        // Short of its length, and nothing more to write:
-                        // hyper closes at once.
-                        return Poll::Ready(Err(()));
-                    }
-                    // Its last bytes are written, then the connection closes.
-                    last = true;
-                }
+            if self.queue(frame, end).is_err() {
+                return Poll::Ready(Err(()));
             }
         }
-    })
-    .await;
-    let kept = out.keep();
-    written?;
-    if kept.capacity() <= COPY_MAX {
-        *write_buf = kept;
     }
-    if framing == Framing::Close {
-        last = true;
+
+    /// The body waits: the client is watched (unless `armed`, polled in
+    /// this wake-up already), and what is queued is written and flushed,
+    /// unless it is a head held for the body's first bytes. Never
+    /// `Ready(Ok)`.
+    fn poll_waiting<IO>(
+        &mut self,
+        conn: &mut Conn<'_, IO>,
+        armed: bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ()>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        if !armed
+            && self
+                .watch
+                .poll_gone(conn.io, &mut conn.pending, cx)
+                .is_ready()
+        {
+            return Poll::Ready(Err(()));
+        }
+        if self.head_held && self.out.queued() < HEAD_HELD_MAX {
+            return Poll::Pending;
+        }
+        ready!(self.out.poll_write(conn.io, cx)).map_err(|_| ())?;
+        ready!(Pin::new(&mut *conn.io).poll_flush(cx)).map_err(|_| ())?;
+        Poll::Pending
     }
-    if last {
-        return Ok(None);
+
+    /// Queues `frame`, a frame of the body (`None`: the body has ended),
+    /// and the body's end after it when it has ended (`end`: the body says
+    /// so). `Err` when it ended short of its length with nothing more to
+    /// write: hyper closes at once.
+    fn queue(&mut self, frame: Option<Frame<Bytes>>, end: bool) -> Result<(), ()> {
+        let (ended, with_data) = match frame.map(Frame::into_data) {
+            Some(Ok(data)) if !data.is_empty() => {
+                self.out.data(&mut self.encoder, data);
+                self.head_held = false;
+                (end, true)
+            }
+            Some(Ok(_)) => (end, false),
+            // Trailers go only to a client that asked for them (`TE:
+            // trailers`), and such requests are hyper's: they end the body.
+            Some(Err(frame)) => (end || frame.is_trailers(), false),
+            None => (true, false),
+        };
+        if ended {
+            self.body.set(None);
+            if !self.out.end(&mut self.encoder) {
+                if !with_data {
+                    // Short of its length, and nothing more to write:
+                    // hyper closes at once.
+                    return Err(());
+                }
+                // Its last bytes are written, then the connection closes.
+                self.last = true;
+            }
+        }
+        Ok(())
     }
-    parts.headers.clear();
-    Ok(Some(parts.headers))
+
+    /// The write buffer, emptied, to keep for the next response, and
+    /// whether the connection closes after this one.
+    fn finish(self) -> (Vec<u8>, bool) {
+        (self.out.keep(), self.last)
+    }
 }
 
 /// The client's side of a connection while a request is served: hyper

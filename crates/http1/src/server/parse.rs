@@ -57,16 +57,7 @@ pub(crate) fn parse<RB: MakeBody>(raw: &Bytes, spare: &mut HeaderMap) -> Request
     if len > MAX_HEAD || parsed.version != Some(1) {
         return RequestParse::Hyper;
     }
-    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
-        return RequestParse::Hyper;
-    };
-    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
-        return RequestParse::Hyper;
-    };
-    if method == Method::CONNECT || path.len() > MAX_URI_LEN {
-        return RequestParse::Hyper;
-    }
-    let Ok(uri) = Uri::from_maybe_shared(raw.slice_ref(path.as_bytes())) else {
+    let Some((method, uri)) = request_line(&parsed, raw) else {
         return RequestParse::Hyper;
     };
     let mut headers = std::mem::take(spare);
@@ -126,6 +117,26 @@ pub(crate) fn parse<RB: MakeBody>(raw: &Bytes, spare: &mut HeaderMap) -> Request
         len,
         body_read,
     }
+}
+
+/// The method and target of the request line `parsed` read from `raw`,
+/// its target sharing `raw`; `None` for a request that is hyper's: a
+/// method that is not a token, a `CONNECT`, a target too long or not a
+/// URI.
+fn request_line(parsed: &httparse::Request<'_, '_>, raw: &Bytes) -> Option<(Method, Uri)> {
+    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
+        return None;
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return None;
+    };
+    if method == Method::CONNECT || path.len() > MAX_URI_LEN {
+        return None;
+    }
+    let Ok(uri) = Uri::from_maybe_shared(raw.slice_ref(path.as_bytes())) else {
+        return None;
+    };
+    Some((method, uri))
 }
 
 #[cfg(test)]
