@@ -9,7 +9,7 @@ Ir
 --------------------------------------------------------------------------------
 Ir                  file:function
 --------------------------------------------------------------------------------
-  600,000 (30.00%)  ???:qproxy_http1::server::parse::read_head [/qproxy]
+  600,000 (30.00%)  ???:qproxy_transport::server::parse::read_head [/qproxy]
   300,000 (15.00%)  ???:httparse::parse_headers [/qproxy]
   250,000 (12.50%)  ???:tokio::runtime::task::raw::poll [/qproxy]
   200,000 (10.00%)  ???:memcpy [/lib/libc.so.6]
@@ -43,11 +43,11 @@ def test_the_counted_requests_are_load_1_and_grpc():
 
 def test_the_shared_body_framing_counts_with_the_role_that_uses_it():
     annotated = """
-  1,000 ( 1.00%)  ???:qproxy_http1::server::encode::WriteQueue::data [/qproxy]
-    300 ( 0.30%)  ???:qproxy_http1::wire::framing::Encoder::encode [/qproxy]
-    200 ( 0.20%)  ???:<qproxy_http1::wire::framing::Decoder>::decode [/qproxy]
-    100 ( 0.10%)  ???:qproxy_http1::client::body::ResponseBody::finish [/qproxy]
-     50 ( 0.05%)  ???:qproxy_http1::wire::chunked::decode [/qproxy]
+  1,000 ( 1.00%)  ???:qproxy_transport::server::encode::WriteQueue::data [/qproxy]
+    300 ( 0.30%)  ???:qproxy_transport::wire::framing::Encoder::encode [/qproxy]
+    200 ( 0.20%)  ???:<qproxy_transport::wire::framing::Decoder>::decode [/qproxy]
+    100 ( 0.10%)  ???:qproxy_transport::client::body::ResponseBody::finish [/qproxy]
+     50 ( 0.05%)  ???:qproxy_transport::wire::chunked::decode [/qproxy]
 """
     parts = callgrind.parts_of(annotated)
     assert parts["the response head written"] == 1_300

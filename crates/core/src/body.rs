@@ -10,13 +10,13 @@ use bytes::{Buf, Bytes};
 use http::{HeaderMap, Request};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use qproxy_http1::server::{MakeBody, WholeBody};
+use qproxy_transport::server::{MakeBody, WholeBody};
 use tokio::sync::mpsc;
 
 use crate::facts::{Facts, HasFacts};
 
 /// A type-erased error, as hyper takes from bodies.
-pub use qproxy_http1::BoxError;
+pub use qproxy_transport::BoxError;
 
 /// A body qproxy makes itself (error texts, probe answers, its own
 /// ports' pages): whole, and sent in one frame.

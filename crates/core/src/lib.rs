@@ -6,7 +6,7 @@
 //! revision, the generation, qproxy's options, the variables and their
 //! errors).
 //!
-//! Of qproxy's crates it imports only `qproxy-http1` (the body types it
+//! Of qproxy's crates it imports only `qproxy-transport` (the body types it
 //! reads requests into: `MakeBody`, `WholeBody`, `BoxError`), so that no
 //! two crates above it need each other; what only the sidecar uses lives
 //! in the sidecar.

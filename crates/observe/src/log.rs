@@ -605,7 +605,7 @@ mod tests {
     fn every_qproxy_crate_follows_the_level_and_others_show_from_warn() {
         let lines = capture(&logging("", "debug"), at(1_700_000_000, 0), || {
             tracing::debug!(target: "qproxy::server", "sidecar");
-            tracing::debug!(target: "qproxy_http1::client", "http1");
+            tracing::debug!(target: "qproxy_transport::client", "http1");
             tracing::debug!(target: "qproxy_breaker", "breaker");
             tracing::info!(target: "h2::proto", "a dependency's info");
             tracing::warn!(target: "h2::proto", "a dependency's warning");

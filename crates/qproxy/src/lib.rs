@@ -13,7 +13,7 @@
 //! layer shares: bodies, a request's facts, Go-shaped answers, header
 //! names, the revision, the generation and qproxy's options),
 //! [`qproxy_observe`] (logs, request metrics, request logs, traces, and the
-//! layers that feed them), and [`qproxy_http1`] (HTTP/1.1, both sides).
+//! layers that feed them), and [`qproxy_transport`] (HTTP/1.1, both sides).
 //! Inside, from the bottom up (each module uses only those above it in
 //! this list):
 //!

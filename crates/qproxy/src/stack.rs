@@ -65,8 +65,8 @@ use crate::layers::host_rewrite::HostRewrite;
 use crate::layers::server_rules::ServerRulesLayer;
 use crate::layers::timeout::{TimeoutBody, TimeoutLayer};
 use crate::layers::upgrade::UpgradeHoldLayer;
+use crate::proxy::Proxy;
 use crate::proxy::body::ProxyBody;
-use crate::proxy::{Proxy, Upstream};
 use crate::readiness::Readiness;
 use crate::tunnel_registry::Tunnels;
 use qproxy_observe::autoscaler_stats::layer::StatsLayer;
@@ -75,6 +75,7 @@ use qproxy_observe::request_log::layer::{LoggedBody, RequestLogLayer};
 use qproxy_observe::request_metrics::layer::MetricsLayer;
 use qproxy_observe::traces::layer::TraceLayer;
 use qproxy_observe::{Observers, OwnMetrics};
+use qproxy_transport::connector::Connector;
 
 /// The response body of the main port.
 pub(crate) type MainBody = LoggedBody<
@@ -90,7 +91,7 @@ pub(crate) type MainBody = LoggedBody<
 #[derive(Debug, Clone)]
 pub(crate) struct PortState {
     /// The user container.
-    pub(crate) upstream: Arc<Upstream>,
+    pub(crate) upstream: Arc<Connector>,
     /// `containerConcurrency`, when limited.
     pub(crate) breaker: Option<Breaker>,
     /// The revision's timeouts.

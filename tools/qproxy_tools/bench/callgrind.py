@@ -113,20 +113,21 @@ def count_instructions(name, bins, app_port, n, request):
 # instructions, not their callees'), first match wins. Release builds
 # inline much into their callers, so a part is where the instructions ran,
 # not every line of its concern. The body framing both roles share
-# (qproxy_http1::wire::framing) counts where each half of it is used on
+# (qproxy_transport::wire::framing) counts where each half of it is used on
 # the counted requests: its encoder with the response written, its decoder
 # with the exchange that reads the app's response body.
 PARTS = (
-    ("the client's head read and parsed", r"qproxy_http1::server::parse|httparse::|http::header::name|http::uri::"),
+    ("the client's head read and parsed", r"qproxy_transport::server::parse|httparse::|http::header::name|http::uri::"),
     (
         "the response head written",
-        r"qproxy_http1::server::encode|qproxy_http1::wire::framing::Encoder|qproxy_http1::wire::title_case|"
-        r"qproxy_http1::wire::date",
+        r"qproxy_transport::server::encode|qproxy_transport::wire::framing::Encoder|qproxy_transport::wire::title_case|"
+        r"qproxy_transport::wire::date",
     ),
     ("header maps", r"http::header::map"),
     (
         "the exchange with the app",
-        r"qproxy_http1::client|qproxy_http1::wire::framing::Decoder|qproxy_http1::pool|qproxy::proxy::",
+        r"qproxy_transport::client|qproxy_transport::connector|qproxy_transport::wire::framing::Decoder|"
+        r"qproxy_transport::pool|qproxy::proxy::",
     ),
     ("request metrics", r"metrics_exporter_prometheus|metrics::|quanta::|qproxy_observe::request_metrics"),
     (
@@ -134,7 +135,7 @@ PARTS = (
         r"qproxy::layers::|qproxy::stack|qproxy_breaker::|qproxy_core::|qproxy_observe::|"
         r"qproxy_autoscaler_client::",
     ),
-    ("the connections' loops", r"qproxy_http1::|qproxy::server::"),
+    ("the connections' loops", r"qproxy_transport::|qproxy::server::"),
     ("HTTP/2 (hyper, h2)", r"hyper::|h2::|hpack"),
     ("tokio", r"tokio::|mio::"),
     ("memcpy, the allocator", r"memcpy|memmove|memset|malloc|free|realloc|_int_|tcache"),

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method, Request, Uri, Version};
 use qproxy_go_template::{Object, Template, Value, canonical_header_key, float_v};
-use qproxy_http1::wire::token::connection_has;
+use qproxy_transport::wire::token::connection_has;
 
 use crate::semconv;
 use qproxy_core::config::{Generation, Revision};

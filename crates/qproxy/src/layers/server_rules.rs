@@ -13,8 +13,8 @@
 //!   included) is `431` `Request Header Fields Too Large`, and the
 //!   connection is closed, before any of the above: Go refuses it as it
 //!   reads it. Only heads hyper reads can be that long, and
-//!   `qproxy-http1`'s connection refuses them before this layer sees them
-//!   ([`qproxy_http1::server::conn::serve_connection`]).
+//!   `qproxy-transport`'s connection refuses them before this layer sees them
+//!   ([`qproxy_transport::server::conn::serve_connection`]).
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};

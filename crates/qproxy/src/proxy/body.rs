@@ -7,10 +7,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 
-use super::h2c::H2cBody;
 use super::timing::Timing;
 use qproxy_core::body::ReplyBody;
-use qproxy_http1::client::{ResponseBody, ResponseBodyError};
+use qproxy_transport::client::{ResponseBody, ResponseBodyError};
+use qproxy_transport::connector::h2c::H2cBody;
 
 /// A response body: streamed from the user container, or made by qproxy.
 ///
@@ -115,6 +115,12 @@ impl TimedBody {
             self.timing.add_to(trailers);
         }
         polled
+    }
+}
+
+impl From<ResponseBody> for ProxyBody {
+    fn from(body: ResponseBody) -> Self {
+        ProxyBody::App(body)
     }
 }
 

@@ -6,6 +6,8 @@ use std::io;
 use std::net::SocketAddr;
 
 use crate::go::go_quote;
+use qproxy_transport::client::{ExchangeError, UploadError};
+use qproxy_transport::connector::SendError;
 
 /// A failure talking to the user container.
 #[derive(Debug, thiserror::Error)]
@@ -63,16 +65,38 @@ pub(crate) enum UpstreamError {
 }
 
 impl UpstreamError {
-    /// Whether the app's connection closed or failed under the request
-    /// before it answered, so that a replayable request may be sent again
-    /// (Go's `errServerClosedIdle` and `transportReadFromServerError`).
-    pub(crate) fn is_dropped_connection(&self) -> bool {
-        matches!(self, UpstreamError::Closed | UpstreamError::Io { .. })
-    }
-
     /// Whether the failure is the client's doing, not worth an error log.
     pub(crate) fn is_client_gone(&self) -> bool {
         matches!(self, UpstreamError::ClientGone)
+    }
+}
+
+impl From<SendError> for UpstreamError {
+    /// What the transport said failed, in Go's transport's words.
+    fn from(err: SendError) -> Self {
+        match err {
+            SendError::Dial { addr, source } => UpstreamError::Connect { addr, source },
+            SendError::Exchange {
+                local,
+                remote,
+                source,
+            } => match source {
+                ExchangeError::Io(source) | ExchangeError::Upload(UploadError::Io(source)) => {
+                    UpstreamError::Io {
+                        local: Some(local),
+                        remote,
+                        source,
+                    }
+                }
+                ExchangeError::Closed => UpstreamError::Closed,
+                ExchangeError::Malformed(_) => UpstreamError::Protocol(source.to_string()),
+                // The client's body broke off: the client's doing.
+                ExchangeError::Upload(
+                    UploadError::Body(_) | UploadError::Length | UploadError::Failed,
+                ) => UpstreamError::ClientGone,
+            },
+            SendError::Http2(source) => UpstreamError::Http2(source),
+        }
     }
 }
 
@@ -119,6 +143,43 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "read tcp 127.0.0.1:48708->127.0.0.1:18080: read: connection reset by peer"
+        );
+    }
+
+    /// What the transport says failed reads as Go's transport says it.
+    #[test]
+    fn the_transports_failures_read_like_go() {
+        let (local, remote) = (
+            "127.0.0.1:48708".parse().unwrap(),
+            "127.0.0.1:18080".parse().unwrap(),
+        );
+        let exchange = |source| {
+            UpstreamError::from(SendError::Exchange {
+                local,
+                remote,
+                source,
+            })
+        };
+        assert_eq!(exchange(ExchangeError::Closed).to_string(), "EOF");
+        assert_eq!(
+            exchange(ExchangeError::Upload(UploadError::Io(
+                io::Error::from_raw_os_error(32)
+            )))
+            .to_string(),
+            "read tcp 127.0.0.1:48708->127.0.0.1:18080: read: broken pipe"
+        );
+        assert_eq!(
+            exchange(ExchangeError::Malformed("invalid status")).to_string(),
+            "net/http: HTTP/1.x transport connection broken: malformed HTTP response: invalid status"
+        );
+        assert!(exchange(ExchangeError::Upload(UploadError::Length)).is_client_gone());
+        let dial = UpstreamError::from(SendError::Dial {
+            addr: remote,
+            source: io::Error::from_raw_os_error(111),
+        });
+        assert_eq!(
+            dial.to_string(),
+            "dial tcp 127.0.0.1:18080: connect: connection refused"
         );
     }
 

@@ -11,7 +11,7 @@
 
 use http::HeaderMap;
 use http::header::{CONNECTION, HeaderName, HeaderValue, TE, TRAILER, UPGRADE};
-use qproxy_http1::wire::token::any_value_has;
+use qproxy_transport::wire::token::any_value_has;
 
 use qproxy_core::headers::{HOP_HEADERS, HopFields};
 

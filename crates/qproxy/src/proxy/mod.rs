@@ -6,18 +6,17 @@
 //! `Knative-Serving-Revision` and `Knative-Serving-Namespace`, keeps the
 //! host, appends the client's address to `X-Forwarded-For`, drops hop-by-hop
 //! headers ([`hop`]), and sends HTTP/1 as HTTP/1.1 and HTTP/2 as h2c
-//! ([`upstream`]). An upgrade the app accepts with `101`, and a `CONNECT`
+//! through the transport's [`Connector`], which dials the app, keeps its
+//! connections and sends again by Go's rules. An upgrade the app accepts with `101`, and a `CONNECT`
 //! it accepts with a `2xx` (over HTTP/1.1 or HTTP/2), becomes a two-way
 //! byte tunnel ([`tunnel_copy`]). A failure to reach the app is `502` with Go's
 //! error text as the body, logged once.
 
 pub(crate) mod body;
 pub(crate) mod error;
-pub(crate) mod h2c;
 pub(crate) mod hop;
 pub(crate) mod timing;
 pub(crate) mod tunnel_copy;
-pub(crate) mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -43,13 +42,14 @@ use qproxy_core::body::{Content, ReplyBody, RequestBody};
 use qproxy_core::headers::{KNATIVE_SERVING_NAMESPACE, KNATIVE_SERVING_REVISION, X_FORWARDED_FOR};
 use qproxy_core::reply::http_error;
 use qproxy_observe::startup::Startup;
+use qproxy_transport::client::Payload;
+use qproxy_transport::connector::{Answer, Connector, Http1Request};
 use tunnel_copy::AppSide;
-pub(crate) use upstream::{Answer, Http1Request, Upstream};
 
 /// The reverse proxy for one client connection.
 #[derive(Debug, Clone)]
 pub(crate) struct Proxy {
-    upstream: Arc<Upstream>,
+    upstream: Arc<Connector>,
     /// The client's IP, as appended to `X-Forwarded-For`.
     client_ip: HeaderValue,
     /// Told when the app answers, for its first answer.
@@ -61,7 +61,7 @@ pub(crate) struct Proxy {
 impl Proxy {
     /// A proxy for requests arriving from `client`.
     pub(crate) fn new(
-        upstream: Arc<Upstream>,
+        upstream: Arc<Connector>,
         client: IpAddr,
         startup: Arc<Startup>,
         options: LiveOptions,
@@ -143,7 +143,7 @@ impl Proxy {
         // out here, so that its future holds only what it waits with.
         let sent = tunnel.and_then(|tunnel| {
             let req = self.http1_request(req)?;
-            Ok((self.upstream.clone(), Http1Request::new(req), tunnel))
+            Ok((self.upstream.clone(), req, tunnel))
         });
         Box::pin(async move {
             let res = match sent {
@@ -153,7 +153,7 @@ impl Proxy {
                         let (head, app) = *switched;
                         Tunnel::open(tunnel, head, AppSide::Connection(app))
                     }
-                    Err(err) => Err(err),
+                    Err(err) => Err(err.into()),
                 },
                 Err(err) => Err(err),
             };
@@ -276,7 +276,8 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, UpstreamError> {
         let Some(tunnel) = tunnel else {
             let req = self.h2_request(req)?;
-            return Ok(finish(self.upstream.send_h2c(req).await?));
+            let res = self.upstream.send_h2c(req).await?;
+            return Ok(finish(res.map(ProxyBody::H2c)));
         };
         // One message in flight: the client is read as fast as the app's
         // stream takes it.
@@ -286,21 +287,29 @@ impl Proxy {
         )?;
         let res = self.upstream.send_h2c(req).await?;
         if !res.status().is_success() {
-            return Ok(finish(res));
+            return Ok(finish(res.map(ProxyBody::H2c)));
         }
         let (parts, from_app) = res.into_parts();
         let head = Response::from_parts(parts, ());
-        Tunnel::open(Some(tunnel), head, AppSide::Stream { from_app, to_app })
+        Tunnel::open(
+            Some(tunnel),
+            head,
+            AppSide::Stream {
+                from_app: ProxyBody::H2c(from_app),
+                to_app,
+            },
+        )
     }
 
     /// An HTTP/1.1 request for `127.0.0.1:USER_PORT`, its target in origin
     /// form, keeping the client's host in `Host` (the app's address when
-    /// the client sent none, as Go's transport writes it). A `CONNECT`
-    /// keeps the client's target, which is its `Host` too.
+    /// the client sent none, as Go's transport writes it), made ready to
+    /// send. A `CONNECT` keeps the client's target, which is its `Host`
+    /// too.
     fn http1_request(
         &self,
         req: Request<RequestBody>,
-    ) -> Result<Request<RequestBody>, UpstreamError> {
+    ) -> Result<Http1Request<RequestBody>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         parts.version = Version::HTTP_11;
         if parts.method == Method::CONNECT {
@@ -309,7 +318,7 @@ impl Proxy {
                     .map_err(|_| UpstreamError::InvalidHost)?;
                 parts.headers.insert(HOST, host);
             }
-            return Ok(Request::from_parts(parts, body));
+            return Ok(Http1Request::new(parts, payload(body)));
         }
         let uri = std::mem::take(&mut parts.uri).into_parts();
         // The host of an absolute-form request line wins over `Host`, as in Go.
@@ -326,7 +335,7 @@ impl Proxy {
             Some(path) if path.as_str() != "/" => Uri::from(path),
             _ => Uri::from_static("/"),
         };
-        Ok(Request::from_parts(parts, body))
+        Ok(Http1Request::new(parts, payload(body)))
     }
 
     /// An HTTP/2 request whose `:authority` is the client's host.
@@ -344,6 +353,18 @@ impl Proxy {
         }
         parts.uri = http_uri(uri)?;
         Ok(Request::from_parts(parts, body))
+    }
+}
+
+/// What an HTTP/1.1 request sends after its head: nothing, a body the
+/// client sent whole (written from where it is, after the head and in the
+/// same write, as hyper's client writes a body it has whole), or the
+/// client's body as it streams.
+fn payload(body: RequestBody) -> Payload<RequestBody> {
+    match body.content {
+        Content::Empty => Payload::None,
+        Content::Full(mut whole) => Payload::Whole(whole.take()),
+        content => Payload::Stream(RequestBody::new(content, body.facts)),
     }
 }
 
@@ -477,7 +498,7 @@ mod tests {
 
     #[test]
     fn client_ip_is_canonical() {
-        let upstream = Arc::new(Upstream::new(8080, 1));
+        let upstream = Arc::new(Connector::new(8080, 1));
         let mapped: IpAddr = "::ffff:192.0.2.9".parse().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -34,8 +34,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::proxy::body::ProxyBody;
-use crate::proxy::upstream::AppIo;
 use crate::tunnel_registry::{Tunnel, TunnelDeadline};
+use qproxy_transport::connector::AppIo;
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;

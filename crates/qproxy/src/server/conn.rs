@@ -4,7 +4,7 @@
 //! TLS port, its handshake (bounded as a request head is), then is told
 //! HTTP/1.1 from HTTP/2 by its first bytes on the main port and the TLS
 //! port (whatever ALPN said, as Knative's h2c wrapper does). From its
-//! first byte, a connection is `qproxy-http1`'s
+//! first byte, a connection is `qproxy-transport`'s
 //! ([`serve_connection`]): HTTP/1.1 served by its own server until a
 //! request needs hyper, which then serves the connection; HTTP/2 hyper's;
 //! one clock for every head ([`HeadClock`]). The small servers speak
@@ -37,10 +37,10 @@ use super::listener::HEAD_TIMEOUT;
 use crate::layers::server_rules::ServerRulesLayer;
 use qproxy_core::Endpoint;
 use qproxy_core::body::{BoxError, RequestBody};
-use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
-use qproxy_http1::rewind::Rewind;
-use qproxy_http1::server::HeadClock;
-use qproxy_http1::server::conn::{Ended, Protocols, serve_connection};
+use qproxy_transport::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use qproxy_transport::rewind::Rewind;
+use qproxy_transport::server::HeadClock;
+use qproxy_transport::server::conn::{Ended, Protocols, serve_connection};
 
 /// Largest header list accepted on HTTP/2 (Go's default).
 const MAX_HEADER_LIST_SIZE: u32 = 1 << 20;

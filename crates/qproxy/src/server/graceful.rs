@@ -5,7 +5,7 @@
 //!
 //! hyper-util's `GracefulShutdown` does the same for the connection types
 //! it knows; here each connection's [`Watcher`] is its owner's side of
-//! `qproxy-http1`'s [`Lifecycle`], which shuts down whichever connection
+//! `qproxy-transport`'s [`Lifecycle`], which shuts down whichever connection
 //! the task holds (qproxy's own server's, or hyper's HTTP/1.1 or HTTP/2).
 
 use std::future::Future;
@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use pin_project_lite::pin_project;
-use qproxy_http1::server::Lifecycle;
+use qproxy_transport::server::Lifecycle;
 use tokio::sync::watch;
 
 /// Tells the connections it watches to finish, and waits until they have.

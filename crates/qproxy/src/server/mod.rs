@@ -33,7 +33,6 @@ use crate::config::{Config, Generation, LiveOptions, Opt, Options};
 use crate::drain::{Drainer, Shutdown};
 use crate::layers::concurrency;
 use crate::profiling::{self, Profiling};
-use crate::proxy::Upstream;
 use crate::readiness::{HttpOptions, Readiness};
 use crate::stack::{self, PortState};
 use crate::stat_server::{self, REPORTING_PERIOD, StatsEndpoint};
@@ -47,6 +46,7 @@ use qproxy_observe::autoscaler_stats::view::AutoscalerView;
 use qproxy_observe::queue_wait::QueueWait;
 use qproxy_observe::startup::Startup;
 use qproxy_observe::{ExportError, Observers};
+use qproxy_transport::connector::Connector;
 
 /// A queue-proxy whose ports are bound, ready to serve.
 #[derive(Debug)]
@@ -168,7 +168,7 @@ impl MainPort {
         let service = stack::main_service(&self.shared, remote);
         conn::connection(
             io,
-            qproxy_http1::server::HeadClock::new(listener::HEAD_TIMEOUT),
+            qproxy_transport::server::HeadClock::new(listener::HEAD_TIMEOUT),
             main_builder(),
             service,
             self.graceful.watcher(),
@@ -212,7 +212,7 @@ fn build(config: &Config) -> Result<Parts, ExportError> {
         adaptive: AdaptiveLimit::of(breaker.as_ref()),
     };
     let main = PortState {
-        upstream: Arc::new(Upstream::new(
+        upstream: Arc::new(Connector::new(
             config.ports.user,
             config.upstream_idle_connections(),
         )),

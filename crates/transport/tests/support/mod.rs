@@ -11,10 +11,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use qproxy_http1::BoxError;
-use qproxy_http1::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
-use qproxy_http1::server::conn::{Protocols, serve_connection};
-use qproxy_http1::server::{HeadClock, Lifecycle, MakeBody, WholeBody};
+use qproxy_transport::BoxError;
+use qproxy_transport::limits::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+use qproxy_transport::server::conn::{Protocols, serve_connection};
+use qproxy_transport::server::{HeadClock, Lifecycle, MakeBody, WholeBody};
 use tokio::io::DuplexStream;
 use tower::Service;
 

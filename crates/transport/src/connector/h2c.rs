@@ -1,23 +1,28 @@
-//! qproxy's own h2c client to the user container, on the `h2` crate.
+//! qproxy's own h2c client to the app, on the `h2` crate.
 //!
 //! hyper's HTTP/2 client runs a dispatch task per connection that takes
 //! each request through a channel, and spawns a task per request to wait
 //! for the response and another to send the request's body. Here the
 //! request's own task opens the stream on the shared connection
-//! ([`send`]), sends a body that is already whole (a unary gRPC call's)
-//! before it waits, and awaits the response itself; only a body still
-//! streaming gets a task of its own ([`Pipe`]), which resets the stream if
-//! the request is dropped before its answer. The response body
-//! ([`H2cBody`]) reads h2's stream and gives its flow-control capacity
-//! back as it goes. The rules are hyper's, so the app sees what it saw
-//! before: hyper's connection settings, `Content-Length` set from a body of
-//! known size, a stream reset with `NO_ERROR` ending the body early rather
-//! than failing it. Connection-specific headers need no removing here: an
-//! HTTP/2 client cannot send them (`h2`'s server refuses such a request),
-//! and the proxy's hop-by-hop rules have removed the rest.
+//! ([`Shared`], made on first use and remade when it closes), sends a body
+//! that is already whole (a unary gRPC call's) before it waits, and awaits
+//! the response itself; only a body still streaming gets a task of its own
+//! ([`Pipe`]), which resets the stream if the request is dropped before its
+//! answer. The response body ([`H2cBody`]) reads h2's stream and gives its
+//! flow-control capacity back as it goes. The rules are hyper's, so the app
+//! sees what it saw before: hyper's connection settings, `Content-Length`
+//! set from a body of known size, a stream reset with `NO_ERROR` ending the
+//! body early rather than failing it. Connection-specific headers need no
+//! removing here: an HTTP/2 client cannot send them (`h2`'s server refuses
+//! such a request), and the caller's hop-by-hop rules have removed the
+//! rest.
 
+use std::error::Error as StdError;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker, ready};
 
 use bytes::Bytes;
@@ -25,16 +30,17 @@ use h2::client::{Builder, SendRequest};
 use h2::{Reason, RecvStream, SendStream};
 use http::header::{CONTENT_LENGTH, HeaderValue};
 use http::{Method, Request, Response};
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
-use qproxy_core::body::RequestBody;
-use qproxy_http1::wire::length::content_length;
+use super::dial::dial;
+use super::error::SendError;
+use crate::wire::length::content_length;
 
 /// The connection settings of hyper's HTTP/2 client, which the app saw
 /// before: 2 MiB stream and 5 MiB connection windows, 16 KiB frames and
 /// header lists, at most 1 MiB buffered to send per stream, no push.
-pub(crate) fn builder() -> Builder {
+fn builder() -> Builder {
     let mut builder = Builder::new();
     builder
         .initial_max_send_streams(100)
@@ -48,12 +54,95 @@ pub(crate) fn builder() -> Builder {
     builder
 }
 
+/// The app's h2c connection, shared by every HTTP/2 request: made on first
+/// use (concurrent first requests wait for one), remade once it has
+/// closed.
+#[derive(Debug)]
+pub struct Shared {
+    addr: SocketAddr,
+    conn: Mutex<Option<Live>>,
+    /// Held while connecting, so concurrent first requests share one
+    /// connection.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// The connection in use.
+#[derive(Debug, Clone)]
+struct Live {
+    sender: SendRequest<Bytes>,
+    /// Set when the connection's task ends.
+    closed: Arc<AtomicBool>,
+}
+
+impl Shared {
+    /// The h2c connection to `addr`, not made yet.
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            conn: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Sends `req` (its URI absolute: it carries the `:authority` the app
+    /// sees) and waits for the response head.
+    pub async fn send<B>(&self, req: Request<B>) -> Result<Response<H2cBody>, SendError>
+    where
+        B: Body<Data = Bytes> + Unpin + Send + 'static,
+        B::Error: StdError + 'static,
+    {
+        let live = self.live().await?;
+        send(live.sender, req).await.map_err(SendError::Http2)
+    }
+
+    /// The connection, if it is still open.
+    fn current(&self) -> Option<Live> {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        conn.as_ref()
+            .filter(|c| !c.closed.load(Ordering::Acquire))
+            .cloned()
+    }
+
+    /// The open connection, made if there is none.
+    async fn live(&self) -> Result<Live, SendError> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let live = self.connect().await?;
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
+        Ok(live)
+    }
+
+    /// A new connection, its task spawned.
+    async fn connect(&self) -> Result<Live, SendError> {
+        let (tcp, _local) = dial(self.addr).await?;
+        let (sender, conn) = builder().handshake(tcp).await.map_err(SendError::Http2)?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended = closed.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "h2c connection to the user container ended");
+            }
+            ended.store(true, Ordering::Release);
+        });
+        Ok(Live { sender, closed })
+    }
+}
+
 /// Sends `req` (its URI absolute) on the connection `sender` belongs to
 /// and waits for the response head.
-pub(crate) async fn send(
+async fn send<B>(
     sender: SendRequest<Bytes>,
-    req: Request<RequestBody>,
-) -> Result<Response<H2cBody>, h2::Error> {
+    req: Request<B>,
+) -> Result<Response<H2cBody>, h2::Error>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: StdError + 'static,
+{
     let (mut parts, body) = req.into_parts();
     if let Some(len) = body.size_hint().exact()
         && (len != 0 || has_payload_semantics(&parts.method))
@@ -95,7 +184,7 @@ fn has_payload_semantics(method: &Method) -> bool {
 
 /// A response body from the app, read from its HTTP/2 stream.
 #[derive(Debug)]
-pub(crate) struct H2cBody {
+pub struct H2cBody {
     recv: RecvStream,
     /// What `Content-Length` said is left, when it said.
     remaining: Option<u64>,
@@ -103,7 +192,7 @@ pub(crate) struct H2cBody {
     data_done: bool,
 }
 
-impl http_body::Body for H2cBody {
+impl Body for H2cBody {
     type Data = Bytes;
     type Error = h2::Error;
 
@@ -146,16 +235,20 @@ impl http_body::Body for H2cBody {
 }
 
 /// Sends a request's body on its stream, minding the app's flow control.
-struct Pipe {
-    body: RequestBody,
+struct Pipe<B> {
+    body: B,
     tx: SendStream<Bytes>,
     /// A data frame read from the body that waits for send capacity, and
     /// whether it is the last.
     waiting: Option<(Bytes, bool)>,
 }
 
-impl Pipe {
-    fn new(body: RequestBody, tx: SendStream<Bytes>) -> Self {
+impl<B> Pipe<B>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: StdError + 'static,
+{
+    fn new(body: B, tx: SendStream<Bytes>) -> Self {
         Self {
             body,
             tx,
@@ -251,7 +344,11 @@ impl Pipe {
     }
 }
 
-impl Future for Pipe {
+impl<B> Future for Pipe<B>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: StdError + 'static,
+{
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -264,8 +361,8 @@ impl Future for Pipe {
 
 /// The reason a client's body failure is passed on with: the client's own
 /// stream error's, or `INTERNAL_ERROR`.
-fn client_reason(err: &hyper::Error) -> Reason {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+fn client_reason(err: &(dyn StdError + 'static)) -> Reason {
+    let mut source = Some(err);
     while let Some(e) = source {
         if let Some(reason) = e.downcast_ref::<h2::Error>().and_then(h2::Error::reason) {
             return reason;
@@ -277,12 +374,16 @@ fn client_reason(err: &hyper::Error) -> Reason {
 
 /// A [`Pipe`] in a task of its own, told to reset its stream if the
 /// request is dropped before its response.
-struct Piping {
-    pipe: Pipe,
+struct Piping<B> {
+    pipe: Pipe<B>,
     cancel: Option<oneshot::Receiver<()>>,
 }
 
-impl Future for Piping {
+impl<B> Future for Piping<B>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: StdError + 'static,
+{
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {

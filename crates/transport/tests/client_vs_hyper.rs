@@ -16,7 +16,7 @@ use http_body_util::StreamBody;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use qproxy_http1::client::{self, Outgoing, Payload, exchange};
+use qproxy_transport::client::{self, Outgoing, Payload, exchange};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

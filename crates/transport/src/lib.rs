@@ -1,7 +1,10 @@
-//! qproxy's HTTP/1.1, in one place: how it reads and writes the protocol,
-//! as the server its clients talk to and as the client of the app.
+//! qproxy's HTTP transport, in one place: the server its clients talk to
+//! (HTTP/1.1 its own, HTTP/2 and what else it does not take handed to
+//! hyper), and the client of the app (HTTP/1.1 its own, h2c on `h2`),
+//! reached through one connector.
 //!
-//! Shaped like hyper's `proto/h1`, one codec with two roles:
+//! Its HTTP/1.1 is shaped like hyper's `proto/h1`, one codec with two
+//! roles:
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -10,6 +13,7 @@
 //! | [`server`] | the server role: a client's connection from its first byte ([`server::conn::serve_connection`]: the first head read ahead, HTTP/1.1 told from h2c, one head clock, a graceful shutdown), a served connection (`Conn`: its read buffer, spare header map, write buffer and head clock) whose loop reads a request head, calls the service and writes the response, the hand-off to hyper for what it does not take |
 //! | [`client`] | the client role: an app connection ([`client::Conn`]: its socket, the read buffer it keeps, the rest of a request body still being written), a request written on it, its response head and body read |
 //! | [`pool`] | the app's connections kept alive between requests |
+//! | [`connector`] | the app reached: dialing (a refused dial tried again), the pool, the rules for sending a request again, the h2c client (`h2c`: the app's one shared HTTP/2 connection, a request's stream on it, its body piped, its response body read); what failed, in the transport's words ([`connector::SendError`]) |
 //! | [`rewind`] | a connection whose first bytes were read already, given back before the rest: the server's first head read ahead, the bytes after an app's `101` |
 //!
 //! The rules are hyper's, so what a client or the app sees is what it saw
@@ -17,10 +21,12 @@
 //! two byte for byte. The crate names none of qproxy's own types: the
 //! server is generic over the request body ([`server::MakeBody`]) and over
 //! what the connection's owner decides ([`server::Lifecycle`]), the client
-//! over the request body, the pool over the connection. The sidecar
-//! depends on it, never the other way.
+//! and the connector over the request body and the response body made of
+//! the client's, the pool over the connection. The sidecar depends on it,
+//! never the other way.
 
 pub mod client;
+pub mod connector;
 pub mod limits;
 pub mod pool;
 pub mod rewind;

@@ -22,7 +22,7 @@ use http::{
 use http_body::{Body as _, Frame};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use qproxy_http1::server::MAX_BODY;
+use qproxy_transport::server::MAX_BODY;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::service_fn;
 
