@@ -138,22 +138,19 @@ where
         let (req, keep_alive, body_read) = loop {
             let read = match conn.next_request() {
                 Next::Request(req, keep_alive, body_read) => break (req, keep_alive, body_read),
-                // A graceful shutdown closes a connection between
-                // requests, as hyper does, whatever part of a head it
-                // holds. Bytes already there are read first: a head that
-                // has come whole is served, and its response closes the
-                // connection.
                 // More of the head, read here rather than in a method of
                 // `Conn`: as a future of its own its poll was not inlined
-                // into this loop's (about 90 instructions a request).
+                // into this loop's (about 90 instructions a request). A
+                // graceful shutdown closes a connection between requests,
+                // as hyper does, whatever part of a head it holds; bytes
+                // already there are read first (a head that has come whole
+                // is served, and its response closes the connection).
                 Next::Head => {
                     let read = poll_fn(|cx| poll_read_into(conn.io, &mut conn.pending, cx));
-                    let (started, timeout) = (conn.started, conn.clock.timeout());
+                    let deadline = conn.started.map(|at| at + conn.clock.timeout());
                     let read = async {
-                        match started {
-                            Some(at) => tokio::time::timeout_at(at + timeout, read)
-                                .await
-                                .unwrap_or(Ok(0)),
+                        match deadline {
+                            Some(at) => tokio::time::timeout_at(at, read).await.unwrap_or(Ok(0)),
                             None => read.await,
                         }
                     };
@@ -176,10 +173,7 @@ where
             }
         };
         let head = req.method() == Method::HEAD;
-        match poll_fn(|cx| service.poll_ready(cx)).await {
-            Ok(()) => {}
-            Err(never) => match never {},
-        }
+        let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
         let mut watch = Watch::new(&conn.pending, body_read.as_ref());
         // The stack's future is made in place here (the request moved into
         // it, not first into the exchange's), and dropped once it answers.
