@@ -265,6 +265,9 @@ where
     /// Parses what the buffer holds, and says what to do next: serve
     /// the request it holds, read more of its head or its body, or hand
     /// the connection to hyper.
+    // Inlined into `serve`'s loop: called, it moved the request out
+    // through `Next` and cost about 100 instructions a request more.
+    #[inline(always)]
     fn next_request<RB: MakeBody>(&mut self) -> Next<RB> {
         if self.pending.is_empty() {
             return Next::Head;
