@@ -185,6 +185,10 @@ async fn one_thread_serves_unless_qproxy_workers_asks_for_a_pool() {
         let qp = QProxy::start(app.port(), &vars);
         let res = h1(qp.main, get("/", &[])).await;
         assert_eq!(text(res).await, "Hello World!\n");
+        // A pool's threads start as the runtime is built, each in its own
+        // time: the count is waited for, and then must not pass it.
+        let what = format!("{expected} workers for QPROXY_WORKERS={setting:?}");
+        until(&what, async || workers(&qp) >= expected).await;
         assert_eq!(workers(&qp), expected, "QPROXY_WORKERS={setting:?}");
     }
 }
