@@ -26,6 +26,11 @@ impl<IO> Rewind<IO> {
     pub fn new(inner: IO, ahead: Bytes) -> Self {
         Self { ahead, inner }
     }
+
+    /// The connection, and what is left to read again before it.
+    pub fn into_parts(self) -> (IO, Bytes) {
+        (self.inner, self.ahead)
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Rewind<IO> {

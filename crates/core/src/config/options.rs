@@ -53,15 +53,19 @@ pub enum Opt {
     /// Answers carry `Server-Timing`: the wait for a slot and the app's
     /// time.
     ServerTiming,
+    /// The bytes of tunnels on plain TCP are copied through qproxy's
+    /// memory, not spliced from socket to socket.
+    NoSplice,
 }
 
 impl Opt {
     /// Every option.
-    pub const ALL: [Opt; 4] = [
+    pub const ALL: [Opt; 5] = [
         Opt::UpgradesOutliveTimeouts,
         Opt::RequestLogQueueWait,
         Opt::AdaptiveConcurrency,
         Opt::ServerTiming,
+        Opt::NoSplice,
     ];
 
     /// The option's name, as its annotation ends (`qproxy-<name>`).
@@ -71,6 +75,7 @@ impl Opt {
             Opt::RequestLogQueueWait => "request-log-queue-wait",
             Opt::AdaptiveConcurrency => "adaptive-concurrency",
             Opt::ServerTiming => "server-timing",
+            Opt::NoSplice => "no-splice",
         }
     }
 
@@ -81,6 +86,7 @@ impl Opt {
             Opt::RequestLogQueueWait => "QPROXY_OPTION_REQUEST_LOG_QUEUE_WAIT",
             Opt::AdaptiveConcurrency => "QPROXY_OPTION_ADAPTIVE_CONCURRENCY",
             Opt::ServerTiming => "QPROXY_OPTION_SERVER_TIMING",
+            Opt::NoSplice => "QPROXY_OPTION_NO_SPLICE",
         }
     }
 

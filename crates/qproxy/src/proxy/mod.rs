@@ -128,7 +128,7 @@ impl Proxy {
         let first = (self.startup.awaits_first_request() && !req.body().facts.is_probe())
             .then(|| self.startup.clone());
         let hop = self.prepare(&mut req);
-        let tunnel = Tunnel::asked(&mut req, hop);
+        let tunnel = Tunnel::asked(&mut req, hop, &self.options);
         if req.version() == Version::HTTP_2 {
             let this = self.clone();
             return Box::pin(async move {
@@ -170,6 +170,8 @@ struct Tunnel {
     /// The client's side of the tunnel, once the `101` (or `2xx`) is sent.
     client: OnUpgrade,
     deadline: Option<TunnelDeadline>,
+    /// Its bytes may be spliced (the `no-splice` option is off).
+    splice: bool,
 }
 
 /// What a client asked for that opens a tunnel.
@@ -184,9 +186,11 @@ impl Tunnel {
     /// The tunnel `req` asks for: a `CONNECT`, or (over HTTP/1.1) the
     /// upgrade `hop` read as its hop-by-hop headers were removed; a
     /// protocol that is not printable ASCII is refused, as Go refuses it.
+    /// Whether its bytes may be spliced is read from `options` then.
     fn asked(
         req: &mut Request<RequestBody>,
         hop: hop::Hop,
+        options: &LiveOptions,
     ) -> Result<Option<Box<Tunnel>>, UpstreamError> {
         let asked = match hop.upgrade {
             _ if req.method() == Method::CONNECT => Asked::Connect,
@@ -204,6 +208,7 @@ impl Tunnel {
             asked,
             client: hyper::upgrade::on(&mut *req),
             deadline: req.extensions().get::<TunnelDeadline>().copied(),
+            splice: !options.has(Opt::NoSplice),
         })))
     }
 
@@ -237,11 +242,14 @@ impl Tunnel {
             }
         }
         let Tunnel {
-            client, deadline, ..
+            client,
+            deadline,
+            splice,
+            ..
         } = *tunnel;
         let mut res = head.map(|()| ProxyBody::from(ReplyBody::empty()));
         res.extensions_mut()
-            .insert(tunnel_copy::spawn(client, app, deadline));
+            .insert(tunnel_copy::spawn(client, app, deadline, splice));
         Ok(res)
     }
 }

@@ -22,6 +22,7 @@
 //! is read and whose request body is fed, as Go's reverse proxy streams
 //! both.
 
+use std::future::Future;
 use std::io;
 use std::pin::pin;
 use std::time::Duration;
@@ -31,11 +32,14 @@ use http_body_util::BodyExt;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::proxy::body::ProxyBody;
 use crate::tunnel_registry::{Tunnel, TunnelDeadline};
 use qproxy_transport::connector::AppIo;
+use qproxy_transport::server::conn::upgraded_tcp;
+use qproxy_transport::splice::{self, Copied};
 
 /// Most bytes one read from the client puts in the app's stream.
 const READ: usize = 16 * 1024;
@@ -62,21 +66,34 @@ pub(crate) enum AppSide {
 /// Runs the tunnel between the client (once hyper's server has sent the
 /// `101`, or the `2xx` to `CONNECT`) and the app's side in its own task,
 /// at most until `deadline`, and returns the handle the response carries.
-pub(super) fn spawn(client: OnUpgrade, app: AppSide, deadline: Option<TunnelDeadline>) -> Tunnel {
+/// Where both are plain TCP connections and `splice` allows, their bytes
+/// are spliced ([`splice`]).
+pub(super) fn spawn(
+    client: OnUpgrade,
+    app: AppSide,
+    deadline: Option<TunnelDeadline>,
+    splice: bool,
+) -> Tunnel {
     let tunnel = Tunnel::open();
     let handle = tunnel.clone();
     let ends = tunnel.clone();
     let copy = async move {
         let client = match client.await {
-            Ok(client) => TokioIo::new(client),
+            Ok(client) => client,
             Err(e) => {
                 tracing::debug!(error = %e, "upgrade failed before the tunnel opened");
                 return;
             }
         };
         match app {
-            AppSide::Connection(app) => copy_connection(client, app, &ends).await,
-            AppSide::Stream { from_app, to_app } => copy_stream(client, from_app, to_app).await,
+            AppSide::Connection(app) if splice => match upgraded_tcp(client) {
+                Ok((client, ahead)) => splice_connection(client, ahead, app, &ends).await,
+                Err(client) => copy_connection(TokioIo::new(client), app, &ends).await,
+            },
+            AppSide::Connection(app) => copy_connection(TokioIo::new(client), app, &ends).await,
+            AppSide::Stream { from_app, to_app } => {
+                copy_stream(TokioIo::new(client), from_app, to_app).await;
+            }
         }
     };
     tokio::spawn(async move {
@@ -99,16 +116,48 @@ pub(super) fn spawn(client: OnUpgrade, app: AppSide, deadline: Option<TunnelDead
 async fn copy_connection(client: TokioIo<Upgraded>, app: AppIo, ends: &Tunnel) {
     let (mut from_client, mut to_client) = tokio::io::split(client);
     let (mut from_app, mut to_app) = tokio::io::split(app);
-    let mut up = pin!(async {
+    let up = async {
         let copied = tokio::io::copy(&mut from_client, &mut to_app).await;
         let _ = to_app.shutdown().await;
-        copied
-    });
-    let mut down = pin!(async {
+        copied.map(Copied::through_memory)
+    };
+    let down = async {
         let copied = tokio::io::copy(&mut from_app, &mut to_client).await;
         let _ = to_client.shutdown().await;
-        copied
-    });
+        copied.map(Copied::through_memory)
+    };
+    both_ways(up, down, ends).await;
+}
+
+/// [`copy_connection`] for two plain TCP connections, the client's and the
+/// app's, their bytes spliced from socket to socket (what each side had
+/// read of the other already, `client_ahead` and the app's, written
+/// first).
+async fn splice_connection(client: TcpStream, client_ahead: Bytes, app: AppIo, ends: &Tunnel) {
+    let (app, app_ahead) = app.into_parts();
+    let up = async {
+        let moved = splice::forward(&client, &client_ahead, &app).await;
+        let _ = splice::shutdown_write(&app);
+        moved
+    };
+    let down = async {
+        let moved = splice::forward(&app, &app_ahead, &client).await;
+        let _ = splice::shutdown_write(&client);
+        moved
+    };
+    both_ways(up, down, ends).await;
+}
+
+/// Runs a tunnel's two directions: once the client has stopped sending
+/// (`up` ended), `ends` is closed and `down` runs on for at most
+/// [`AFTER_CLIENT_ENDS`]. Its end is logged with the bytes each way,
+/// spliced and through memory.
+async fn both_ways(
+    up: impl Future<Output = io::Result<Copied>>,
+    down: impl Future<Output = io::Result<Copied>>,
+    ends: &Tunnel,
+) {
+    let (mut up, mut down) = (pin!(up), pin!(down));
     let (up, down) = tokio::select! {
         up = &mut up => {
             // The client is done: so is its request.
@@ -119,7 +168,13 @@ async fn copy_connection(client: TokioIo<Upgraded>, app: AppIo, ends: &Tunnel) {
         down = &mut down => (up.await, down),
     };
     match (up, down) {
-        (Ok(up), Ok(down)) => tracing::debug!(up, down, "upgraded connection closed"),
+        (Ok(up), Ok(down)) => tracing::debug!(
+            up = up.total(),
+            down = down.total(),
+            up_spliced = up.spliced,
+            down_spliced = down.spliced,
+            "upgraded connection closed"
+        ),
         (up, down) => tracing::debug!(?up, ?down, "upgraded connection failed"),
     }
 }

@@ -90,6 +90,62 @@ async fn tunnel_half_close_lets_the_app_finish() {
     assert_eq!(answer, b"HELLO THERE");
 }
 
+/// An app that upgrades to `shout` and echoes every byte until the client
+/// stops sending, then closes.
+async fn echoing_app() -> u16 {
+    raw_app(|mut s| async move {
+        read_request(&mut s).await;
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: shout\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let (mut read, mut write) = s.split();
+        tokio::io::copy(&mut read, &mut write).await.unwrap();
+    })
+    .await
+}
+
+/// A tunnel between two plain TCP connections is spliced, socket to
+/// socket, both ways: qproxy's own count of what crossed it says every
+/// byte but what came with the heads was spliced, and every byte came
+/// back in order. With the `no-splice` option none is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tunnel_on_plain_tcp_is_spliced_both_ways() {
+    const SENT: usize = 4 << 20;
+    let port = echoing_app().await;
+    for (option, spliced) in [("off", SENT), ("on", 0)] {
+        let qp = QProxy::start(
+            port,
+            &[
+                ("SERVING_LOGGING_LEVEL", "debug"),
+                ("QPROXY_OPTION_NO_SPLICE", option),
+            ],
+        );
+        let client = shout(qp.main).await;
+        let (mut read, mut write) = client.into_split();
+        let data: Vec<u8> = (0..SENT).map(|i| (i % 251) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            write.write_all(&sent).await.unwrap();
+            write.shutdown().await.unwrap();
+        });
+        let mut back = Vec::new();
+        within("the echo", read.read_to_end(&mut back))
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        assert!(back == data, "{} bytes back of {SENT}", back.len());
+        let line = qp.wait_for_log("the tunnel's end", |l| {
+            l["message"] == "upgraded connection closed"
+        });
+        assert_eq!(line["up"], SENT, "no-splice {option}: {line}");
+        assert_eq!(line["down"], SENT, "no-splice {option}: {line}");
+        assert_eq!(line["up_spliced"], spliced, "no-splice {option}: {line}");
+        assert_eq!(line["down_spliced"], spliced, "no-splice {option}: {line}");
+    }
+}
+
 /// A client that leaves an upgraded connection ends its request, as
 /// current Knative's queue-proxy ends the whole tunnel then: an app that
 /// never closes its side of the tunnel does not keep the request's slot

@@ -15,7 +15,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Request, Response, StatusCode, Version};
 use http_body::Body as HttpBody;
@@ -25,10 +25,12 @@ use hyper::ext::ReasonPhrase;
 use hyper::rt::{Read, Write};
 use hyper::server::conn::{http1, http2};
 use hyper::service::HttpService;
+use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tower_service::Service;
 
 use super::head::{H2_PREFACE, HeadClock, HeadTimer, Watched, first_head, read_first_head};
@@ -166,6 +168,26 @@ where
         ended = served => ended,
         () = first_head(&clock) => Ended::NoFirstHead,
     }
+}
+
+/// The client's TCP connection under an upgrade hyper's server made on a
+/// plain connection, and the bytes hyper and the head read had read of it
+/// already, in their order; the upgrade as it was for any other (a TLS
+/// connection, one of HTTP/2).
+pub fn upgraded_tcp(upgraded: Upgraded) -> Result<(TcpStream, Bytes), Upgraded> {
+    let parts = upgraded.downcast::<TokioIo<Watched<TcpStream>>>()?;
+    let (tcp, ahead) = parts.io.into_inner().into_parts();
+    let read = if parts.read_buf.is_empty() {
+        ahead
+    } else if ahead.is_empty() {
+        parts.read_buf
+    } else {
+        let mut both = BytesMut::with_capacity(parts.read_buf.len() + ahead.len());
+        both.extend_from_slice(&parts.read_buf);
+        both.extend_from_slice(&ahead);
+        both.freeze()
+    };
+    Ok((tcp, read))
 }
 
 /// Serves `conn` to its end, shutting it down gracefully (HTTP/1.1: the

@@ -321,6 +321,12 @@ impl<IO> Watched<IO> {
         }
     }
 
+    /// The connection, and what of the bytes read ahead is still to be
+    /// read.
+    pub(crate) fn into_parts(self) -> (IO, Bytes) {
+        self.io.into_parts()
+    }
+
     fn arrived(&mut self, bytes: &[u8]) {
         if let Some(sniff) = &mut self.sniff
             && sniff.settled(bytes)

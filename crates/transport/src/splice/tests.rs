@@ -1,0 +1,119 @@
+//! Splicing between loopback connections.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// Two connected loopback sockets: the one dialled, the one accepted.
+async fn connected() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dialled = TcpStream::connect(listener.local_addr().unwrap());
+    let (dialled, accepted) = tokio::join!(dialled, listener.accept());
+    (dialled.unwrap(), accepted.unwrap().0)
+}
+
+/// Bytes no two runs of which line up with a pipe's size.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4093) as u8).collect()
+}
+
+/// What a client sends reaches the far end whole and in order, every byte
+/// spliced; the client's end of its side ends the copy, and the far side
+/// stays open for the caller.
+#[tokio::test]
+async fn a_stream_is_spliced_whole_to_its_end() {
+    let (mut client, from) = connected().await;
+    let (to, mut far) = connected().await;
+    let sent = pattern(5 * PIPE_SIZE + 123);
+    let copy = tokio::spawn(async move {
+        let copied = copy(&from, &to).await.unwrap();
+        (copied, to)
+    });
+    let body = sent.clone();
+    let writer = tokio::spawn(async move {
+        client.write_all(&body).await.unwrap();
+        client.shutdown().await.unwrap();
+        client
+    });
+    let mut got = vec![0; sent.len()];
+    far.read_exact(&mut got).await.unwrap();
+    assert!(got == sent, "the bytes came whole and in order");
+    let (copied, to) = copy.await.unwrap();
+    assert_eq!(
+        copied,
+        Copied {
+            spliced: sent.len() as u64,
+            copied: 0
+        }
+    );
+    // The far side is the caller's to end: it is open still.
+    to.writable().await.unwrap();
+    drop(to);
+    assert_eq!(far.read(&mut [0; 1]).await.unwrap(), 0);
+    drop(writer.await.unwrap());
+}
+
+/// A copy that ended gives its pipe back, empty, for the thread's next.
+#[tokio::test]
+async fn an_ended_copy_keeps_its_pipe_for_the_next() {
+    PIPES.with(|p| p.borrow_mut().clear());
+    let (client, from) = connected().await;
+    let (to, _far) = connected().await;
+    drop(client);
+    copy(&from, &to).await.unwrap();
+    assert_eq!(PIPES.with(|p| p.borrow().len()), 1);
+    let (client, from) = connected().await;
+    drop(client);
+    copy(&from, &to).await.unwrap();
+    assert_eq!(
+        PIPES.with(|p| p.borrow().len()),
+        1,
+        "the kept pipe was taken again"
+    );
+}
+
+/// A far end that is gone fails the copy, and its pipe, which may hold
+/// bytes, is not kept.
+#[tokio::test]
+async fn a_far_end_gone_fails_the_copy() {
+    PIPES.with(|p| p.borrow_mut().clear());
+    let (mut client, from) = connected().await;
+    let (to, far) = connected().await;
+    drop(far);
+    let sender = tokio::spawn(async move {
+        // Written until the copy stops taking bytes.
+        let chunk = pattern(PIPE_SIZE);
+        while client.write_all(&chunk).await.is_ok() {}
+    });
+    assert!(copy(&from, &to).await.is_err());
+    drop(from);
+    sender.await.unwrap();
+    assert_eq!(PIPES.with(|p| p.borrow().len()), 0);
+}
+
+/// The copy through a buffer, for a socket that cannot be spliced from,
+/// moves every byte too.
+#[tokio::test]
+async fn the_buffered_copy_moves_every_byte() {
+    let (mut client, from) = connected().await;
+    let (to, mut far) = connected().await;
+    let sent = pattern(3 * COPY_BUF + 5);
+    let body = sent.clone();
+    let writer = tokio::spawn(async move {
+        client.write_all(&body).await.unwrap();
+        client.shutdown().await.unwrap();
+        client
+    });
+    let copy = tokio::spawn(async move {
+        let mut copied = Copied::default();
+        copy_through_buffer(&from, &to, &mut copied).await.unwrap();
+        (copied, to)
+    });
+    let mut got = vec![0; sent.len()];
+    far.read_exact(&mut got).await.unwrap();
+    assert!(got == sent);
+    let (copied, _to) = copy.await.unwrap();
+    assert_eq!(copied.copied, sent.len() as u64);
+    drop(writer.await.unwrap());
+}
