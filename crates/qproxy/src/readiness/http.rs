@@ -253,41 +253,7 @@ async fn send_once(
     let _ = stream.set_nodelay(true);
     let io = TokioIo::new(stream);
 
-    let path = match url.query() {
-        Some(q) => format!("{}?{q}", url.path()),
-        None => url.path().to_owned(),
-    };
-    let mut req = Request::builder().method(exchange.method.clone());
-    req = match exchange.proto {
-        Proto::Http1 => req.uri(path).version(Version::HTTP_11),
-        Proto::H2c => req
-            .uri(format!("http://{authority}{path}"))
-            .version(Version::HTTP_2),
-    };
-    let mut req = req
-        .body(Empty::<Bytes>::new())
-        .map_err(|_| HttpProbeError::Header(url.to_string()))?;
-    let headers = req.headers_mut();
-    if exchange.proto == Proto::Http1 {
-        let host = HeaderValue::from_str(&authority)
-            .map_err(|_| HttpProbeError::Header(authority.clone()))?;
-        headers.insert(HOST, host);
-    }
-    headers.insert(USER_AGENT, HeaderValue::from_static(PROBE_USER_AGENT));
-    for (name, value) in exchange.headers {
-        headers.append(name.clone(), value.clone());
-    }
-    if let Some(referer) = referer {
-        headers.insert(REFERER, referer.clone());
-    }
-    if exchange.method != Method::HEAD && !headers.contains_key(ACCEPT_ENCODING) {
-        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
-    }
-    if exchange.proto == Proto::Http1 && !headers.contains_key(CONNECTION) {
-        // Knative's prober transport keeps no connection alive.
-        headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-
+    let req = probe_request(url, exchange, referer, &authority)?;
     let res = match exchange.proto {
         Proto::Http1 => {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
@@ -322,6 +288,54 @@ async fn send_once(
         .map(str::to_owned);
     // The body is not needed; dropping the response closes the connection.
     Ok((status, location))
+}
+
+/// The probe's request for `url` on `authority`: its target (absolute for
+/// h2c), `Host`, Knative's prober's `User-Agent`, the probe's own headers,
+/// `Referer` after a redirect, `Accept-Encoding: gzip` and, over
+/// HTTP/1.1, `Connection: close`, as Go's transport and Knative's prober
+/// send them.
+fn probe_request(
+    url: &Url,
+    exchange: &Exchange<'_>,
+    referer: Option<&HeaderValue>,
+    authority: &str,
+) -> Result<Request<Empty<Bytes>>, ProbeError> {
+    let path = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_owned(),
+    };
+    let mut req = Request::builder().method(exchange.method.clone());
+    req = match exchange.proto {
+        Proto::Http1 => req.uri(path).version(Version::HTTP_11),
+        Proto::H2c => req
+            .uri(format!("http://{authority}{path}"))
+            .version(Version::HTTP_2),
+    };
+    let mut req = req
+        .body(Empty::<Bytes>::new())
+        .map_err(|_| HttpProbeError::Header(url.to_string()))?;
+    let headers = req.headers_mut();
+    if exchange.proto == Proto::Http1 {
+        let host = HeaderValue::from_str(authority)
+            .map_err(|_| HttpProbeError::Header(authority.to_owned()))?;
+        headers.insert(HOST, host);
+    }
+    headers.insert(USER_AGENT, HeaderValue::from_static(PROBE_USER_AGENT));
+    for (name, value) in exchange.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    if let Some(referer) = referer {
+        headers.insert(REFERER, referer.clone());
+    }
+    if exchange.method != Method::HEAD && !headers.contains_key(ACCEPT_ENCODING) {
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    if exchange.proto == Proto::Http1 && !headers.contains_key(CONNECTION) {
+        // Knative's prober transport keeps no connection alive.
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(req)
 }
 
 #[cfg(test)]
