@@ -13,6 +13,9 @@
 //	                       arrival: an app whose CPU per request grows
 //	                       with what it holds (contention, cache misses);
 //	                       knee=0: work rounds, whatever it holds
+//	GET /tunnel (Upgrade: websocket)
+//	                     → 101, then every byte echoed until the client
+//	                       stops sending: a tunnel's bulk stream
 //	POST /grpc.health.v1.Health/Check → a gRPC unary answer (SERVING),
 //	                       as a gRPC server frames it: length-prefixed
 //	                       message, grpc-status in the trailers
@@ -20,9 +23,12 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha1"
+	"encoding/base64"
 	"flag"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -91,6 +97,33 @@ func main() {
 			w.Header().Set("X-Lucky", "1")
 		}
 		w.Write([]byte("done\n"))
+	})
+	mux.HandleFunc("/tunnel", func(w http.ResponseWriter, r *http.Request) {
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, "cannot hijack", http.StatusInternalServerError)
+			return
+		}
+		defer conn.Close()
+		// The key's answer, as RFC 6455 computes it.
+		sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+			"Sec-WebSocket-Accept: " + base64.StdEncoding.EncodeToString(sum[:]) + "\r\n\r\n")
+		if rw.Flush() != nil {
+			return
+		}
+		// What came with the head first, then the rest as it comes.
+		if n := rw.Reader.Buffered(); n > 0 {
+			ahead, _ := rw.Reader.Peek(n)
+			if _, err := conn.Write(ahead); err != nil {
+				return
+			}
+			rw.Reader.Discard(n)
+		}
+		io.Copy(conn, conn)
+		if tcp, ok := conn.(*net.TCPConn); ok {
+			tcp.CloseWrite()
+		}
 	})
 	// grpc.health.v1.HealthCheckResponse{status: SERVING}: field 1, varint 1.
 	serving := []byte{0, 0, 0, 0, 2, 0x08, 0x01}

@@ -51,6 +51,8 @@ def build(args):
         out["envoy"] = envoy_bin()
     tls = any(n in args.loads for n in TLS_LOAD_NUMBERS)
     proxies = [n for n in ("nginx", "haproxy") if n in args.contenders]
+    if "haproxy-splice" in args.contenders and "haproxy" not in proxies:
+        proxies.append("haproxy")
     tools = (
         ["wrk"]
         + (["h2load"] if 3 in args.loads or 11 in args.loads or counted else [])

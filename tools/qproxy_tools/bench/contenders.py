@@ -83,6 +83,8 @@ class Contender:
                 env.update(QUEUE_SERVING_TLS_PORT=str(self.tls_port), QPROXY_CERT_DIR=self.bins["certs"])
             if name == "qproxy":
                 env.update(kv.split("=", 1) for kv in self.bins.get("qproxy-env", []))
+            if name == "qproxy-nosplice":
+                env["QPROXY_OPTION_NO_SPLICE"] = "on"
             argv = [self.bins["qproxy-base" if name == "qproxy-base" else "qproxy"]]
             if name == "qproxy-accel":
                 argv = in_cgroup(self.bins["accel"]["cgroup"], pin(cpu, argv))
@@ -109,7 +111,7 @@ class Contender:
             with open(conf, "w") as f:
                 f.write(text)
             argv, env = [self.bins["nginx"], "-c", conf, "-p", self.tmp], dict(os.environ)
-        elif name == "haproxy":
+        elif name in ("haproxy", "haproxy-splice"):
             self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-haproxy-")
             self.h2_port = free_port()
             tls = ""
@@ -123,7 +125,12 @@ class Contender:
                 tls = config("haproxy-tls.cfg").format(tls_port=self.tls_port, pem=pem)
             conf = os.path.join(self.tmp, "haproxy.cfg")
             with open(conf, "w") as f:
-                f.write(config("haproxy.cfg").format(port=self.port, h2_port=self.h2_port, app=app_port, tls=tls))
+                splice = "    option splice-auto" if name == "haproxy-splice" else ""
+                f.write(
+                    config("haproxy.cfg").format(
+                        port=self.port, h2_port=self.h2_port, app=app_port, tls=tls, splice=splice
+                    )
+                )
             argv, env = [self.bins["haproxy"], "-db", "-f", conf], dict(os.environ)
         elif name == "envoy":
             self.tmp = tempfile.mkdtemp(prefix="qproxy-bench-envoy-")

@@ -28,6 +28,7 @@ from .pages import BENCHES, run_facts
 from .plots import instructions_picture, load_picture
 from .procs import TICK, check_app_answers, cpu_ticks, rss_kib, start_app, stop
 from .report import picture_link, report, svg_name, write
+from .tunnel import report_lines, run_tunnel
 
 
 def run_throughput(args, bins):
@@ -198,7 +199,7 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy,envoy")
-    ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10")
+    ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10,13")
     ap.add_argument("--variants", default="pinned,unpinned")
     ap.add_argument(
         "--instructions",
@@ -240,6 +241,10 @@ def main():
     if 6 in args.loads:
         print("== loads 6-8", flush=True)
         footprint = run_footprint(args, bins)
+    tunnel = None
+    if 13 in args.loads:
+        print("== load 13", flush=True)
+        tunnel = run_tunnel(args, bins)
     allocations = instructions = None
     if not args.smoke:
         print("== allocations", flush=True)
@@ -248,6 +253,8 @@ def main():
         print("== instructions", flush=True)
         instructions = run_instructions(args, bins)
     table = report(args, throughput, concurrency, footprint, allocations, instructions)
+    if tunnel:
+        table += "\n" + "\n".join(report_lines(tunnel))
     print(table)
     failed = [k for k, rounds in throughput.items() if any(r["errors"] for r in rounds)]
     if args.smoke:
