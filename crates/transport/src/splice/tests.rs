@@ -131,7 +131,11 @@ async fn a_quiet_copy_holds_no_pipe() {
     far.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"hello");
     assert!(!copy.is_finished());
-    assert_eq!(PIPES.with(|p| p.borrow().len()), 1, "the pipe is back in the pool");
+    assert_eq!(
+        PIPES.with(|p| p.borrow().len()),
+        1,
+        "the pipe is back in the pool"
+    );
     drop(client);
     assert_eq!(copy.await.unwrap().unwrap().spliced, 5);
 }
