@@ -7,7 +7,7 @@
 //! ([`Shared`], made on first use and remade when it closes), sends a body
 //! that is already whole (a unary gRPC call's) before it waits, and awaits
 //! the response itself; only a body still streaming gets a task of its own
-//! ([`Pipe`]), which resets the stream if the request is dropped before its
+//! (`Pipe`), which resets the stream if the request is dropped before its
 //! answer. The response body ([`H2cBody`]) reads h2's stream and gives its
 //! flow-control capacity back as it goes. The rules are hyper's, so the app
 //! sees what it saw before: hyper's connection settings, `Content-Length`
