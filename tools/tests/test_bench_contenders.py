@@ -14,10 +14,10 @@ def nginx_conf(tmp_path, tls=True):
     return contenders.config("nginx.conf").format(tmp=tmp_path, port=18080, h2_port=18081, app=18082, tls=tls_text)
 
 
-def haproxy_cfg(tmp_path, tls=True):
+def haproxy_cfg(tmp_path, tls=True, splice=""):
     pem = tmp_path / "tls.pem"
     tls_text = contenders.config("haproxy-tls.cfg").format(tls_port=18443, pem=pem) if tls else ""
-    return contenders.config("haproxy.cfg").format(port=18080, h2_port=18081, app=18082, tls=tls_text)
+    return contenders.config("haproxy.cfg").format(port=18080, h2_port=18081, app=18082, tls=tls_text, splice=splice)
 
 
 def envoy_yaml(tmp_path, tls=True):
@@ -39,6 +39,19 @@ def test_nginx_proxies_to_the_app_kept_alive(tmp_path):
     assert "worker_processes 1;" in text
 
 
+def test_nginx_and_envoy_pass_a_tunnels_upgrade(tmp_path):
+    text = nginx_conf(tmp_path, tls=False)
+    tunnel = next(line for line in text.splitlines() if "location /tunnel" in line)
+    assert "proxy_set_header Upgrade $http_upgrade;" in tunnel
+    assert 'proxy_set_header Connection "upgrade";' in tunnel
+    assert "upgrade_configs: [{ upgrade_type: websocket }]" in envoy_yaml(tmp_path, tls=False)
+
+
+def test_haproxy_splice_adds_splice_auto(tmp_path):
+    assert "option splice-auto" not in haproxy_cfg(tmp_path, tls=False)
+    assert "    option splice-auto\n" in haproxy_cfg(tmp_path, tls=False, splice="    option splice-auto")
+
+
 def test_haproxy_sends_grpc_over_h2c(tmp_path):
     text = haproxy_cfg(tmp_path, tls=False)
     assert "nbthread 1" in text
@@ -56,10 +69,11 @@ def test_nginx_accepts_its_configuration(tmp_path):
 
 @pytest.mark.skipif(not (shutil.which("haproxy") or os.path.exists("/usr/sbin/haproxy")), reason="no haproxy")
 def test_haproxy_accepts_its_configuration(tmp_path):
-    (tmp_path / "haproxy.cfg").write_text(haproxy_cfg(tmp_path, tls=False))
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    done = subprocess.run([haproxy, "-c", "-f", tmp_path / "haproxy.cfg"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    for splice in ("", "    option splice-auto"):
+        (tmp_path / "haproxy.cfg").write_text(haproxy_cfg(tmp_path, tls=False, splice=splice))
+        done = subprocess.run([haproxy, "-c", "-f", tmp_path / "haproxy.cfg"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_knative_env_is_a_default_revisions_on_the_harness_ports():
