@@ -3,12 +3,9 @@
 //! the other, as HAProxy's `splice-auto` moves them.
 //!
 //! [`copy`] moves one direction to its end ([`forward`]: after the bytes
-//! read of it already), [`shutdown_write`] half-closes the far end. Pipes
-//! are kept per thread ([`Pipe`]: taken when bytes are there to move,
-//! given back as soon as they have gone, at most [`KEPT_PIPES`] kept),
-//! each [`PIPE_SIZE`] large: a quiet tunnel holds no pipe, and a thread
-//! holds as many as it moves bytes for at once. Where no pipe can be had
-//! (the process is out of descriptors), the copy goes through a buffer.
+//! read of it already), [`shutdown_write`] half-closes the far end. Pipes are kept per thread
+//! ([`Pipe`]: taken for a copy, given back empty when it ends, at most
+//! [`KEPT_PIPES`] kept), each [`PIPE_SIZE`] large.
 //!
 //! A socket whose bytes the kernel hands over outside its TCP receive
 //! queue is never spliced from: a socket the accelerator's `sk_msg`
@@ -101,20 +98,30 @@ impl Copied {
 /// what was moved; `to`'s side is left open for the caller to shut), or
 /// either fails.
 pub async fn copy(from: &TcpStream, to: &TcpStream) -> io::Result<Copied> {
+    let pipe = Pipe::take()?;
     let mut copied = Copied::default();
-    if let Path::Unspliceable = splice_all(from, to, &mut copied).await? {
-        copy_through_buffer(from, to, &mut copied).await?;
+    let moved = splice_all(from, to, &pipe, &mut copied).await;
+    match moved {
+        Ok(Path::Ended) => {
+            pipe.give_back();
+            Ok(copied)
+        }
+        // The pipe is empty: nothing was spliced from `from`.
+        Ok(Path::Unspliceable) => {
+            pipe.give_back();
+            copy_through_buffer(from, to, &mut copied).await?;
+            Ok(copied)
+        }
+        // A pipe that may hold bytes is closed, not kept.
+        Err(e) => Err(e),
     }
-    Ok(copied)
 }
 
 /// How [`splice_all`] ended.
 enum Path {
     /// `from` ended its side, every byte moved.
     Ended,
-    /// `from` holds bytes that `splice` does not see, or no pipe can be
-    /// had (the process is out of descriptors): the rest goes through a
-    /// buffer.
+    /// `from` holds bytes that `splice` does not see.
     Unspliceable,
 }
 
@@ -128,36 +135,22 @@ enum Filled {
     Unspliceable,
 }
 
-/// Splices `from` into a pipe and the pipe into `to`, until `from` ends. A
-/// pipe is held only while bytes are in it: taken once `from` is
-/// readable, given back once it is empty, so that a quiet tunnel holds
-/// none.
-async fn splice_all(from: &TcpStream, to: &TcpStream, copied: &mut Copied) -> io::Result<Path> {
+/// Splices `from` into the pipe and the pipe into `to`, until `from` ends.
+async fn splice_all(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe: &Pipe,
+    copied: &mut Copied,
+) -> io::Result<Path> {
     loop {
-        from.readable().await?;
-        let Ok(pipe) = Pipe::take() else {
-            return Ok(Path::Unspliceable);
-        };
-        let filled = match from.try_io(Interest::READABLE, || into_pipe(from, &pipe)) {
-            Ok(filled) => filled,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                pipe.give_back();
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
+        let filled = from
+            .async_io(Interest::READABLE, || into_pipe(from, pipe))
+            .await?;
         let mut held = match filled {
             Filled::Bytes(n) => n,
-            Filled::End => {
-                pipe.give_back();
-                return Ok(Path::Ended);
-            }
-            Filled::Unspliceable => {
-                pipe.give_back();
-                return Ok(Path::Unspliceable);
-            }
+            Filled::End => return Ok(Path::Ended),
+            Filled::Unspliceable => return Ok(Path::Unspliceable),
         };
-        // A pipe that still holds bytes when this fails is closed, not kept.
         while held > 0 {
             let n = to
                 .async_io(Interest::WRITABLE, || {
@@ -167,7 +160,6 @@ async fn splice_all(from: &TcpStream, to: &TcpStream, copied: &mut Copied) -> io
             held -= n;
             copied.spliced += n as u64;
         }
-        pipe.give_back();
     }
 }
 
