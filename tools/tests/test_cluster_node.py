@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from qproxy_tools.cluster import api, cgroups, components, netns, node, node_config, pki, supervisor
-from qproxy_tools.commands import PhaseError
+from qproxy_tools.commands import PhaseError, wait_until
 
 
 def test_the_namespace_has_the_node_address_the_service_route_and_no_way_out():
@@ -145,9 +145,24 @@ def test_a_supervised_process_found_alive_and_its_command_line(tmp_path, child):
     s = supervisor.Supervisor(str(tmp_path / "logs"), str(tmp_path / "pids"))
     assert s.pid("sleeper") == child.pid
     assert s.alive("sleeper")
-    assert s.arguments("sleeper") == ["sleep", "60"]
+    # Popen returns before the child's exec has set its arguments.
+    assert wait_until("sleep's arguments", lambda: s.arguments("sleeper"), 10, interval=0.01) == ["sleep", "60"]
     assert s.pid("other") is None and not s.alive("other") and s.arguments("other") is None
     assert s.log("etcd") == str(tmp_path / "logs" / "etcd.log")
+
+
+def test_a_process_whose_arguments_read_empty_has_none(tmp_path):
+    # A zombie's cmdline reads empty, as does one still in exec.
+    p = subprocess.Popen(["true"])
+    p_dir = tmp_path / "pids"
+    p_dir.mkdir()
+    (p_dir / "done").write_text(str(p.pid))
+    s = supervisor.Supervisor(str(tmp_path / "logs"), str(p_dir))
+    wait_until("true exited", lambda: open(f"/proc/{p.pid}/stat").read().split(") ")[1][0] == "Z", 10, interval=0.01)
+    try:
+        assert s.arguments("done") is None
+    finally:
+        p.wait()
 
 
 def test_stopping_a_process_ends_it(tmp_path, child):

@@ -93,12 +93,15 @@ class Supervisor:
 
     def arguments(self, name):
         """The command line the process `name` runs with (nsenter execs
-        it in place), or None if it cannot be read."""
+        it in place), or None if it cannot be read: not running, or
+        reading as empty, as it does while the process is still in exec
+        (before the kernel has set its arguments) or has exited."""
         try:
             with open(f"/proc/{self.pid(name)}/cmdline", "rb") as f:
-                return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+                raw = f.read()
         except (OSError, TypeError):
             return None
+        return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] or None
 
     def started(self, name, args, check, what, timeout=120, changed=False):
         """Starts the process `name` unless it runs (again if its
