@@ -11,7 +11,8 @@
 //! queue is never spliced from: a socket the accelerator's `sk_msg`
 //! program redirects into (its bytes wait in the socket's BPF queue, which
 //! `recvmsg` reads and `splice` does not see). Such a socket tells itself
-//! as it turns readable: `splice` finds nothing, a peek finds bytes. The
+//! as it turns readable: `splice` finds nothing (or the peer's end, which
+//! comes by TCP after bytes that wait there), a peek finds bytes. The
 //! copy then goes on by `recv` and `send` through a buffer, for good. A
 //! connection's bytes take one path each way, so nothing spliced can come
 //! before bytes waiting there.
@@ -167,18 +168,22 @@ async fn splice_all(
 /// nothing yet. Where the splice would block yet a peek finds bytes,
 /// `from` holds bytes outside its receive queue.
 fn into_pipe(from: &TcpStream, pipe: &Pipe) -> io::Result<Filled> {
-    match splice(from, None, &pipe.write, None, PIPE_SIZE, flags()) {
-        Ok(0) => Ok(Filled::End),
-        Ok(n) => Ok(Filled::Bytes(n)),
-        Err(Errno::AGAIN) => {
-            let mut one = [0u8; 1];
-            match recv(from, &mut one[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-                Ok((_, n)) if n > 0 => Ok(Filled::Unspliceable),
-                // An end a peek sees first is the next splice's to tell.
-                Ok(_) | Err(Errno::AGAIN) => Err(io::ErrorKind::WouldBlock.into()),
-                Err(e) => Err(e.into()),
-            }
-        }
+    let ended = match splice(from, None, &pipe.write, None, PIPE_SIZE, flags()) {
+        Ok(0) => true,
+        Ok(n) => return Ok(Filled::Bytes(n)),
+        Err(Errno::AGAIN) => false,
+        Err(e) => return Err(e.into()),
+    };
+    // Nothing spliced, at the end or not yet. Bytes a peek finds are
+    // outside the receive queue: the accelerator's, which come before
+    // the peer's end although `splice` sees the end (it came by TCP)
+    // and not them.
+    let mut one = [0u8; 1];
+    match recv(from, &mut one[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+        Ok((_, n)) if n > 0 => Ok(Filled::Unspliceable),
+        Ok(_) if ended => Ok(Filled::End),
+        // An end a peek sees first is the next splice's to tell.
+        Ok(_) | Err(Errno::AGAIN) => Err(io::ErrorKind::WouldBlock.into()),
         Err(e) => Err(e.into()),
     }
 }
