@@ -146,6 +146,124 @@ async fn a_tunnel_on_plain_tcp_is_spliced_both_ways() {
     }
 }
 
+/// Bytes no two runs of which line up with a pipe's size.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4093) as u8).collect()
+}
+
+/// An app serving, on each kept-alive connection, `/length` (4 MiB with
+/// its `Content-Length`, written 256 KiB at a time), `/chunked` (three
+/// chunks of 1 MiB and one of 10 bytes) and `/short` (4 MiB announced, 1
+/// MiB sent, then the connection closed).
+async fn large_bodies_app() -> u16 {
+    raw_app(|mut s| async move {
+        while let Some(head) = read_head(&mut s).await {
+            let body = pattern(4 << 20);
+            if head.starts_with("GET /length ") {
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                s.write_all(head.as_bytes()).await.unwrap();
+                for piece in body.chunks(256 << 10) {
+                    s.write_all(piece).await.unwrap();
+                }
+            } else if head.starts_with("GET /chunked ") {
+                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .await
+                    .unwrap();
+                for chunk in body[..(3 << 20) + 10].chunks(1 << 20) {
+                    s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                        .await
+                        .unwrap();
+                    s.write_all(chunk).await.unwrap();
+                    s.write_all(b"\r\n").await.unwrap();
+                }
+                s.write_all(b"0\r\n\r\n").await.unwrap();
+            } else {
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                s.write_all(head.as_bytes()).await.unwrap();
+                s.write_all(&body[..1 << 20]).await.unwrap();
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// A large body between two plain TCP connections is spliced from the
+/// app's socket into the client's, a length-framed one and a chunked one's
+/// large chunks alike, on one client connection and one pooled app
+/// connection: every byte comes whole and in order, qproxy's count says
+/// all but what came with the head (or in a chunk's last bytes) was
+/// spliced, and a body the app cuts short is cut short for the client.
+/// With the `no-splice` option none is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_body_on_plain_tcp_is_spliced_whole_and_in_order() {
+    let port = large_bodies_app().await;
+    let body = pattern(4 << 20);
+    for option in ["off", "on"] {
+        let qp = QProxy::start(
+            port,
+            &[
+                ("SERVING_LOGGING_LEVEL", "debug"),
+                ("QPROXY_OPTION_NO_SPLICE", option),
+            ],
+        );
+        let stream = TcpStream::connect(qp.main).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let mut lines = 0;
+        for (path, whole) in [
+            ("/length", &body[..]),
+            ("/chunked", &body[..(3 << 20) + 10]),
+            ("/length", &body[..]),
+        ] {
+            let req = Request::get(path)
+                .header("host", "hello.example.com")
+                .body(empty())
+                .unwrap();
+            within("the connection kept", sender.ready()).await.unwrap();
+            let res = within("the response", sender.send_request(req))
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            let got = within("the body", res.into_body().collect())
+                .await
+                .unwrap()
+                .to_bytes();
+            assert!(
+                got == whole,
+                "{path}: {} bytes of {}",
+                got.len(),
+                whole.len()
+            );
+            lines += 1;
+            let line = qp.wait_for_logs("the body's count", lines, |l| {
+                l["message"] == "response body written, lent a pipe"
+            });
+            let spliced = line["spliced"].as_u64().unwrap() as usize;
+            if option == "on" {
+                assert_eq!(spliced, 0, "{path}: {line}");
+            } else {
+                // What came with the head, and a chunk's last bytes, are read.
+                let read = whole.len() - spliced;
+                assert!(spliced <= whole.len() && read < 256 << 10, "{path}: {line}");
+            }
+        }
+        let req = Request::get("/short")
+            .header("host", "hello.example.com")
+            .body(empty())
+            .unwrap();
+        within("the connection kept", sender.ready()).await.unwrap();
+        let res = within("the response", sender.send_request(req))
+            .await
+            .unwrap();
+        let got = within("the body", res.into_body().collect()).await;
+        assert!(got.is_err(), "a body cut short by the app is cut short");
+    }
+}
+
 /// A client that leaves an upgraded connection ends its request, as
 /// current Knative's queue-proxy ends the whole tunnel then: an app that
 /// never closes its side of the tunnel does not keep the request's slot
