@@ -3,9 +3,12 @@
 //! the other, as HAProxy's `splice-auto` moves them.
 //!
 //! [`copy`] moves one direction to its end ([`forward`]: after the bytes
-//! read of it already), [`shutdown_write`] half-closes the far end. Pipes are kept per thread
-//! ([`Pipe`]: taken for a copy, given back empty when it ends, at most
-//! [`KEPT_PIPES`] kept), each [`PIPE_SIZE`] large.
+//! read of it already), [`shutdown_write`] half-closes the far end. Pipes
+//! are kept per thread ([`Pipe`]: taken when bytes are there to move,
+//! given back as soon as they have gone, at most [`KEPT_PIPES`] kept),
+//! each [`PIPE_SIZE`] large: a quiet tunnel holds no pipe, and a thread
+//! holds as many as it moves bytes for at once. Where no pipe can be had
+//! (the process is out of descriptors), the copy goes through a buffer.
 //!
 //! A body's bytes are spliced the same way, in pieces (`Lent`): the
 //! server that writes a response lends the body it polls a place for a
@@ -22,7 +25,9 @@
 //! program redirects into (its bytes wait in the socket's BPF queue, which
 //! `recvmsg` reads and `splice` does not see). Such a socket tells itself
 //! as it turns readable: `splice` finds nothing (or the peer's end, which
-//! comes by TCP after bytes that wait there), a peek finds bytes. The
+//! comes by TCP after bytes that wait there), a peek finds bytes, and a
+//! second splice still finds none (bytes that came in between, it
+//! takes). The
 //! copy then goes on by `recv` and `send` through a buffer, for good. A
 //! connection's bytes take one path each way, so nothing spliced can come
 //! before bytes waiting there.
@@ -122,30 +127,20 @@ impl Copied {
 /// what was moved; `to`'s side is left open for the caller to shut), or
 /// either fails.
 pub async fn copy(from: &TcpStream, to: &TcpStream) -> io::Result<Copied> {
-    let pipe = Pipe::take()?;
     let mut copied = Copied::default();
-    let moved = splice_all(from, to, &pipe, &mut copied).await;
-    match moved {
-        Ok(Path::Ended) => {
-            pipe.give_back();
-            Ok(copied)
-        }
-        // The pipe is empty: nothing was spliced from `from`.
-        Ok(Path::Unspliceable) => {
-            pipe.give_back();
-            copy_through_buffer(from, to, &mut copied).await?;
-            Ok(copied)
-        }
-        // A pipe that may hold bytes is closed, not kept.
-        Err(e) => Err(e),
+    if let Path::Unspliceable = splice_all(from, to, &mut copied).await? {
+        copy_through_buffer(from, to, &mut copied).await?;
     }
+    Ok(copied)
 }
 
 /// How [`splice_all`] ended.
 enum Path {
     /// `from` ended its side, every byte moved.
     Ended,
-    /// `from` holds bytes that `splice` does not see.
+    /// `from` holds bytes that `splice` does not see, or no pipe can be
+    /// had (the process is out of descriptors): the rest goes through a
+    /// buffer.
     Unspliceable,
 }
 
@@ -159,22 +154,37 @@ enum Filled {
     Unspliceable,
 }
 
-/// Splices `from` into the pipe and the pipe into `to`, until `from` ends.
-async fn splice_all(
-    from: &TcpStream,
-    to: &TcpStream,
-    pipe: &Pipe,
-    copied: &mut Copied,
-) -> io::Result<Path> {
+/// Splices `from` into a pipe and the pipe into `to`, until `from` ends.
+/// A pipe is held only while bytes are in it: taken once `from` is
+/// readable, given back once it is empty, so that a quiet tunnel holds
+/// none.
+async fn splice_all(from: &TcpStream, to: &TcpStream, copied: &mut Copied) -> io::Result<Path> {
     loop {
-        let filled = from
-            .async_io(Interest::READABLE, || into_pipe(from, pipe))
-            .await?;
+        from.readable().await?;
+        let Ok(pipe) = Pipe::take() else {
+            return Ok(Path::Unspliceable);
+        };
+        let filled = match from.try_io(Interest::READABLE, || into_pipe(from, &pipe)) {
+            Ok(filled) => filled,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                pipe.give_back();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let mut held = match filled {
             Filled::Bytes(n) => n,
-            Filled::End => return Ok(Path::Ended),
-            Filled::Unspliceable => return Ok(Path::Unspliceable),
+            Filled::End => {
+                pipe.give_back();
+                return Ok(Path::Ended);
+            }
+            Filled::Unspliceable => {
+                pipe.give_back();
+                return Ok(Path::Unspliceable);
+            }
         };
+        // A pipe that still holds bytes when this fails is closed, not
+        // kept.
         while held > 0 {
             let n = to
                 .async_io(Interest::WRITABLE, || {
@@ -184,6 +194,7 @@ async fn splice_all(
             held -= n;
             copied.spliced += n as u64;
         }
+        pipe.give_back();
     }
 }
 
@@ -202,13 +213,17 @@ fn into_pipe_at_most(from: &TcpStream, pipe: &Pipe, most: usize) -> io::Result<F
         Err(Errno::AGAIN) => false,
         Err(e) => return Err(e.into()),
     };
-    // Nothing spliced, at the end or not yet. Bytes a peek finds are
-    // outside the receive queue: the accelerator's, which come before
-    // the peer's end although `splice` sees the end (it came by TCP)
-    // and not them.
+    // Nothing spliced, at the end or not yet. Bytes a peek finds came
+    // since, or are outside the receive queue: the accelerator's, which
+    // come before the peer's end although `splice` sees the end (it came
+    // by TCP) and not them. A second splice tells which.
     let mut one = [0u8; 1];
     match recv(from, &mut one[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-        Ok((_, n)) if n > 0 => Ok(Filled::Unspliceable),
+        Ok((_, n)) if n > 0 => match splice(from, None, &pipe.write, None, most, flags()) {
+            Ok(n) if n > 0 => Ok(Filled::Bytes(n)),
+            Ok(_) | Err(Errno::AGAIN) => Ok(Filled::Unspliceable),
+            Err(e) => Err(e.into()),
+        },
         Ok(_) if ended => Ok(Filled::End),
         // An end a peek sees first is the next splice's to tell.
         Ok(_) | Err(Errno::AGAIN) => Err(io::ErrorKind::WouldBlock.into()),

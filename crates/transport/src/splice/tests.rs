@@ -183,3 +183,29 @@ async fn nothing_is_spliced_unless_a_pipe_is_lent() {
     assert!(!is_in_pipe(&Bytes::from(vec![0u8; 3])));
     assert!(!is_in_pipe(&Bytes::new()));
 }
+
+/// A copy between its bursts holds no pipe: the one its bytes went
+/// through is back with the thread's while it waits for more, and the
+/// next burst takes it again.
+#[tokio::test]
+async fn a_quiet_copy_holds_no_pipe() {
+    PIPES.with(|p| p.borrow_mut().clear());
+    let (mut client, from) = connected().await;
+    let (to, mut far) = connected().await;
+    // This runtime has one thread: the copy's task and this one share
+    // its pipes.
+    let copy = tokio::spawn(async move { copy(&from, &to).await.unwrap() });
+    for burst in [&b"first"[..], b"second"] {
+        client.write_all(burst).await.unwrap();
+        let mut got = vec![0; burst.len()];
+        far.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, burst);
+        assert_eq!(
+            PIPES.with(|p| p.borrow().len()),
+            1,
+            "the pipe is kept by the thread, not the waiting copy"
+        );
+    }
+    client.shutdown().await.unwrap();
+    assert_eq!(copy.await.unwrap().spliced, 11);
+}
