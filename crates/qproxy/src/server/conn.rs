@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use super::graceful::{GracefulShutdown, Watcher};
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -131,6 +132,10 @@ pub(crate) async fn serve<M, S, B>(
         address = %listener.addr,
         "Starting http server"
     );
+    // Shared by the connections, each holding a pointer to it; ALPN's
+    // HTTP/2 the other settings, made once.
+    let h2 = Arc::new(builder.clone().h2_only());
+    let plain = Arc::new(builder);
     let mut backoff = Backoff::default();
     loop {
         let accepted = tokio::select! {
@@ -155,18 +160,26 @@ pub(crate) async fn serve<M, S, B>(
             remote: SocketAddr::new(remote.ip().to_canonical(), remote.port()),
         };
         let service = make(conn);
-        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let watcher = graceful.watcher();
         let head_timeout = listener.head_timeout;
         match &tls {
             None => {
                 let clock = HeadClock::new(head_timeout);
-                tokio::spawn(connection(stream, clock, builder, service, watcher, conn));
+                tokio::spawn(connection(
+                    stream,
+                    clock,
+                    plain.clone(),
+                    service,
+                    watcher,
+                    conn,
+                ));
             }
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
+                let (plain, h2_only) = (plain.clone(), h2.clone());
                 tokio::spawn(async move {
                     if let Some(tls) = handshake(stream, &acceptor, head_timeout, conn).await {
-                        let builder = if tls.h2 { builder.h2_only() } else { builder };
+                        let builder = if tls.h2 { h2_only } else { plain };
                         connection(tls.stream, tls.clock, builder, service, watcher, conn).await;
                     }
                 });
@@ -256,14 +269,19 @@ where
 /// Serves one accepted connection, accepted when `clock` was made, until
 /// it ends, its first request head does not come in time, or a graceful
 /// shutdown ends it.
-pub(super) async fn connection<IO, S, B>(
+///
+/// Not an `async fn`: one would keep its arguments (the service among
+/// them) beside the connection's future they are moved into, twice the
+/// room in every connection's task.
+pub(super) fn connection<IO, S, B>(
     io: IO,
     clock: Arc<HeadClock>,
-    builder: Protocols,
+    builder: Arc<Protocols>,
     service: S,
     watcher: Watcher,
     conn: Accepted,
-) where
+) -> impl Future<Output = ()> + Send
+where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
@@ -273,7 +291,9 @@ pub(super) async fn connection<IO, S, B>(
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    match serve_connection(io, clock, &builder, service, &watcher).await {
+    // Mapped, not awaited in an `async` block, which would move the
+    // future into a second place of its own.
+    serve_connection(io, clock, builder, service, watcher).map(move |ended| match ended {
         Ended::Closed => {}
         Ended::Failed(e) => {
             tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
@@ -281,7 +301,7 @@ pub(super) async fn connection<IO, S, B>(
         Ended::NoFirstHead => {
             tracing::debug!(client = %conn.remote, "closed: no request head within a minute");
         }
-    }
+    })
 }
 
 /// Serves one of the small servers (admin, stats, metrics, profiling) on
@@ -375,7 +395,7 @@ mod tests {
         tokio::spawn(connection(
             server,
             HeadClock::new(HEAD_TIMEOUT),
-            builder,
+            Arc::new(builder),
             service_fn(ok),
             graceful.watcher(),
             CLIENT,
@@ -396,7 +416,7 @@ mod tests {
                 connection(
                     tls.stream,
                     tls.clock,
-                    main_builder(),
+                    Arc::new(main_builder()),
                     service,
                     watcher,
                     CLIENT,

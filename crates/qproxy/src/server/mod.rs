@@ -169,7 +169,7 @@ impl MainPort {
         conn::connection(
             io,
             qproxy_transport::server::HeadClock::new(listener::HEAD_TIMEOUT),
-            main_builder(),
+            std::sync::Arc::new(main_builder()),
             service,
             self.graceful.watcher(),
             conn,

@@ -106,11 +106,89 @@ pub enum Ended {
 /// with the bytes read so far first. A head longer than Go reads, which
 /// only hyper reads, is answered `431`, and a transfer coding Go does not
 /// read `501`, the connection closed, as Go's server answers them.
-pub async fn serve_connection<IO, S, RB, B, L>(
+///
+/// What the connection's task holds while it waits is this future alone
+/// (about a kilobyte with qproxy's stack, most of it the service): the
+/// states of this crate's server and of hyper's are boxed once they are
+/// needed. Not an `async fn`, which would keep its arguments twice.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its future"
+)]
+pub fn serve_connection<IO, S, RB, B, L>(
     mut io: IO,
     clock: Arc<HeadClock>,
-    protocols: &Protocols,
+    protocols: Arc<Protocols>,
     mut service: S,
+    owner: L,
+) -> impl Future<Output = Ended>
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: Service<Request<RB>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    RB: MakeBody + Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    L: Lifecycle,
+{
+    async move {
+        let served = async {
+            let Ok(mut ahead) = read_first_head(&mut io).await else {
+                return Ended::Closed;
+            };
+            let h2 = match &protocols.http2 {
+                Some(http2) if protocols.h2_only || ahead.starts_with(H2_PREFACE) => Some(http2),
+                _ => None,
+            };
+            if h2.is_none() && protocols.own {
+                // Boxed once the first head is in: a connection that sends
+                // nothing does not carry a request's room.
+                let served = Box::pin(serve(&mut io, ahead, &clock, &owner, &mut service));
+                match served.await {
+                    Served::Closed => return Ended::Closed,
+                    Served::HandOff(rest) => ahead = rest,
+                }
+            }
+            // hyper's connection state is large, and serves only what this
+            // crate's server hands it (and HTTP/2): boxed, so that every
+            // connection's task does not carry its room.
+            let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
+            let hyper = match h2 {
+                Some(http2) => Hyper::H2(http2),
+                None => {
+                    let mut http1 = protocols.http1.clone();
+                    http1.timer(HeadTimer(clock.clone()));
+                    Hyper::H1(http1)
+                }
+            };
+            // A clone, so that this block holds the service by reference, not
+            // a second copy of it; boxed in a statement of its own, so that
+            // the future before it was boxed is not kept across the wait.
+            let served = Box::pin(serve_with_hyper(io, service.clone(), hyper, &owner));
+            served.await
+        };
+        tokio::select! {
+            biased;
+            ended = served => ended,
+            () = first_head(&clock) => Ended::NoFirstHead,
+        }
+    }
+}
+
+/// Which of hyper's servers a connection is handed to.
+enum Hyper<'a> {
+    /// HTTP/1.1, with these settings.
+    H1(http1::Builder),
+    /// HTTP/2, with these.
+    H2(&'a http2::Builder<TokioExecutor>),
+}
+
+/// Serves `io` with `service` by hyper's server `hyper` to its end,
+/// gracefully once `owner` asks.
+async fn serve_with_hyper<IO, S, RB, B, L>(
+    io: TokioIo<Watched<IO>>,
+    service: S,
+    hyper: Hyper<'_>,
     owner: &L,
 ) -> Ended
 where
@@ -122,51 +200,20 @@ where
     B::Error: Into<BoxError>,
     L: Lifecycle,
 {
-    let served = async {
-        let Ok(mut ahead) = read_first_head(&mut io).await else {
-            return Ended::Closed;
-        };
-        let h2 = match &protocols.http2 {
-            Some(http2) if protocols.h2_only || ahead.starts_with(H2_PREFACE) => Some(http2),
-            _ => None,
-        };
-        if h2.is_none() && protocols.own {
-            // Boxed once the first head is in: a connection that sends
-            // nothing does not carry a request's room.
-            let served = Box::pin(serve(&mut io, ahead, &clock, owner, &mut service));
-            match served.await {
-                Served::Closed => return Ended::Closed,
-                Served::HandOff(rest) => ahead = rest,
-            }
-        }
-        let service = TowerToHyperService::new(Handed {
-            inner: service,
-            body: PhantomData,
-        });
-        let io = TokioIo::new(Watched::new(io, clock.clone(), ahead));
-        let served = match h2 {
-            // HTTP/2's connection state is large and rare here: boxed, so
-            // that HTTP/1.1 connections do not carry its room.
-            Some(http2) => {
-                let served = Box::pin(gracefully(http2.serve_connection(io, service), owner));
-                served.await
-            }
-            None => {
-                let mut http1 = protocols.http1.clone();
-                http1.timer(HeadTimer(clock.clone()));
-                let conn = http1.serve_connection(io, service).with_upgrades();
-                gracefully(conn, owner).await
-            }
-        };
-        match served {
-            Ok(()) => Ended::Closed,
-            Err(e) => Ended::Failed(e),
+    let service = TowerToHyperService::new(Handed {
+        inner: service,
+        body: PhantomData,
+    });
+    let served = match hyper {
+        Hyper::H2(http2) => gracefully(http2.serve_connection(io, service), owner).await,
+        Hyper::H1(http1) => {
+            let conn = http1.serve_connection(io, service).with_upgrades();
+            gracefully(conn, owner).await
         }
     };
-    tokio::select! {
-        biased;
-        ended = served => ended,
-        () = first_head(&clock) => Ended::NoFirstHead,
+    match served {
+        Ok(()) => Ended::Closed,
+        Err(e) => Ended::Failed(e),
     }
 }
 

@@ -108,6 +108,31 @@ impl Lifecycle for TestLifecycle {
     }
 }
 
+/// How many bytes the future of a connection served with `service`
+/// takes (what every connection's task holds while it waits), beyond the
+/// service itself.
+pub(crate) fn connection_room<S, B>(service: S) -> usize
+where
+    S: Service<Request<TestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let room = std::mem::size_of_val(&service);
+    let (io, _client) = tokio::io::duplex(64);
+    let protocols = std::sync::Arc::new(Protocols::new(
+        true,
+        hyper::server::conn::http1::Builder::new(),
+        None,
+    ));
+    let clock = HeadClock::new(Duration::from_secs(60));
+    let connection = serve_connection(io, clock, protocols, service, TestLifecycle);
+    std::mem::size_of_val(&connection) - room
+}
+
 /// Serves `io` with `service` as qproxy serves its main port's HTTP/1.1
 /// ([`serve_connection`]): this crate's server until it hands the
 /// connection over, then hyper (when `own`); hyper alone otherwise.
@@ -130,9 +155,9 @@ where
         .title_case_headers(true)
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADER_FIELDS);
-    let protocols = Protocols::new(own, http1, None);
+    let protocols = std::sync::Arc::new(Protocols::new(own, http1, None));
     tokio::spawn(async move {
         let clock = HeadClock::new(Duration::from_secs(60));
-        serve_connection(io, clock, &protocols, service, &TestLifecycle).await;
+        serve_connection(io, clock, protocols, service, TestLifecycle).await;
     })
 }
