@@ -130,3 +130,20 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
+
+/// How many of the descriptors the process `pid` has open are pipes'
+/// ends (qproxy keeps some empty between splices).
+pub fn open_pipe_ends(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
+        d.filter_map(Result::ok)
+            .filter(|e| {
+                std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"))
+            })
+            .count()
+    })
+}
+
+/// How many threads the process `pid` runs.
+pub fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
