@@ -10,16 +10,6 @@
 //! holds as many as it moves bytes for at once. Where no pipe can be had
 //! (the process is out of descriptors), the copy goes through a buffer.
 //!
-//! A body's bytes are spliced the same way, in pieces (`Lent`): the
-//! server that writes a response lends the body it polls a place for a
-//! pipe, the app's response body splices its next bytes from the app's
-//! socket into a pipe there and hands on, in their place, a data frame of
-//! as many bytes (`in_pipe`), and the server splices them from the pipe
-//! into the client's socket. The frame counts as the bytes it stands for
-//! everywhere between (metrics, logs, timeouts, the breaker's permit);
-//! only the server that lent the pipe ever sees what it holds. A pipe is
-//! held only while bytes are in it.
-//!
 //! A socket whose bytes the kernel hands over outside its TCP receive
 //! queue is never spliced from: a socket the accelerator's `sk_msg`
 //! program redirects into (its bytes wait in the socket's BPF queue, which
@@ -32,12 +22,9 @@
 //! connection's bytes take one path each way, so nothing spliced can come
 //! before bytes waiting there.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::task::{Context, Poll, ready};
-
-use bytes::Bytes;
 
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags, Shutdown, recv, send, shutdown};
@@ -48,10 +35,6 @@ use tokio::net::TcpStream;
 /// How many bytes a pipe holds: 64 KiB, the kernel's default, which
 /// `F_SETPIPE_SZ` makes sure of.
 pub const PIPE_SIZE: usize = 64 * 1024;
-/// The least of a body's data spliced at once: a length-framed response
-/// shorter than this is not lent a pipe, and a body's data is read rather
-/// than spliced while fewer of its bytes are ahead.
-pub const SPLICE_MIN: usize = 16 * 1024;
 /// Most pipes a thread keeps for the next copy (two descriptors each).
 pub const KEPT_PIPES: usize = 16;
 /// The buffer of a copy that cannot splice.
@@ -59,13 +42,7 @@ const COPY_BUF: usize = 16 * 1024;
 
 thread_local! {
     static PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
-    /// The pipe the server polling a body lends it, while it polls it.
-    static LENT: Cell<Option<Lent>> = const { Cell::new(None) };
 }
-
-/// What the data frames of bytes in a pipe point at: never written, only
-/// told apart by where they point.
-static IN_PIPE: [u8; PIPE_SIZE] = [0; PIPE_SIZE];
 
 /// A pipe for [`copy`]: its two ends, empty whenever it is kept.
 #[derive(Debug)]
@@ -88,7 +65,7 @@ impl Pipe {
 
     /// Keeps the pipe for this thread's next copy, if it is empty and
     /// fewer than [`KEPT_PIPES`] are kept.
-    pub(crate) fn give_back(self) {
+    fn give_back(self) {
         PIPES.with(|p| {
             let mut pipes = p.borrow_mut();
             if pipes.len() < KEPT_PIPES {
@@ -202,12 +179,7 @@ async fn splice_all(from: &TcpStream, to: &TcpStream, copied: &mut Copied) -> io
 /// nothing yet. Where the splice would block yet a peek finds bytes,
 /// `from` holds bytes outside its receive queue.
 fn into_pipe(from: &TcpStream, pipe: &Pipe) -> io::Result<Filled> {
-    into_pipe_at_most(from, pipe, PIPE_SIZE)
-}
-
-/// [`into_pipe`], moving at most `most` bytes.
-fn into_pipe_at_most(from: &TcpStream, pipe: &Pipe, most: usize) -> io::Result<Filled> {
-    let ended = match splice(from, None, &pipe.write, None, most, flags()) {
+    let ended = match splice(from, None, &pipe.write, None, PIPE_SIZE, flags()) {
         Ok(0) => true,
         Ok(n) => return Ok(Filled::Bytes(n)),
         Err(Errno::AGAIN) => false,
@@ -219,7 +191,7 @@ fn into_pipe_at_most(from: &TcpStream, pipe: &Pipe, most: usize) -> io::Result<F
     // by TCP) and not them. A second splice tells which.
     let mut one = [0u8; 1];
     match recv(from, &mut one[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-        Ok((_, n)) if n > 0 => match splice(from, None, &pipe.write, None, most, flags()) {
+        Ok((_, n)) if n > 0 => match splice(from, None, &pipe.write, None, PIPE_SIZE, flags()) {
             Ok(n) if n > 0 => Ok(Filled::Bytes(n)),
             Ok(_) | Err(Errno::AGAIN) => Ok(Filled::Unspliceable),
             Err(e) => Err(e.into()),
@@ -285,134 +257,6 @@ async fn copy_through_buffer(
         write_all(to, &buf[..n]).await?;
         copied.copied += n as u64;
     }
-}
-
-/// A pipe lent, while a body is polled, by the server writing it: empty
-/// when lent (its pipe taken from the thread's only once the body splices
-/// into it), holding `held` bytes when it comes back.
-#[derive(Debug, Default)]
-pub(crate) struct Lent {
-    pipe: Option<Pipe>,
-    held: usize,
-}
-
-impl Lent {
-    /// Runs `poll` (a body's poll) with a pipe lent to the body, and
-    /// says what came back: `None` when the body spliced nothing into it,
-    /// or the pipe and the bytes it holds.
-    pub(crate) fn around<T>(poll: impl FnOnce() -> T) -> (T, Option<(Pipe, usize)>) {
-        LENT.with(|lent| lent.set(Some(Lent::default())));
-        let polled = poll();
-        let back = LENT.with(Cell::take).and_then(|lent| match lent {
-            Lent {
-                pipe: Some(pipe),
-                held: 0,
-            } => {
-                pipe.give_back();
-                None
-            }
-            Lent { pipe, held } => pipe.map(|pipe| (pipe, held)),
-        });
-        (polled, back)
-    }
-}
-
-/// What [`fill_lent`] did.
-#[derive(Debug)]
-pub(crate) enum Spliced {
-    /// No pipe is lent (the body is not polled by a server that splices,
-    /// or it holds bytes already), or none could be had: read the bytes
-    /// instead.
-    NotLent,
-    /// This many bytes are in the pipe: the frame that stands for them.
-    Bytes(Bytes),
-    /// `from` has ended its side.
-    End,
-    /// `from` holds bytes `splice` cannot take: read them, and every
-    /// later one, instead.
-    Unspliceable,
-}
-
-/// Splices at most `most` bytes (not 0) of `from` into the pipe lent to
-/// the body being polled, once `from` has some. `Ready(Ok(Spliced::Bytes))`
-/// with the frame that stands for them.
-pub(crate) fn fill_lent(
-    from: &TcpStream,
-    most: usize,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<Spliced>> {
-    let Some(mut lent) = LENT.with(Cell::take) else {
-        return Poll::Ready(Ok(Spliced::NotLent));
-    };
-    let polled = poll_fill(from, &mut lent, most.min(PIPE_SIZE), cx);
-    LENT.with(|l| l.set(Some(lent)));
-    polled
-}
-
-fn poll_fill(
-    from: &TcpStream,
-    lent: &mut Lent,
-    most: usize,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<Spliced>> {
-    if lent.held > 0 {
-        return Poll::Ready(Ok(Spliced::NotLent));
-    }
-    loop {
-        ready!(from.poll_read_ready(cx))?;
-        if lent.pipe.is_none() {
-            // Out of descriptors: the bytes are read instead.
-            let Ok(pipe) = Pipe::take() else {
-                return Poll::Ready(Ok(Spliced::NotLent));
-            };
-            lent.pipe = Some(pipe);
-        }
-        let Some(pipe) = &lent.pipe else {
-            return Poll::Ready(Ok(Spliced::NotLent));
-        };
-        match from.try_io(Interest::READABLE, || into_pipe_at_most(from, pipe, most)) {
-            Ok(Filled::Bytes(n)) => {
-                lent.held = n;
-                return Poll::Ready(Ok(Spliced::Bytes(in_pipe(n))));
-            }
-            Ok(Filled::End) => return Poll::Ready(Ok(Spliced::End)),
-            Ok(Filled::Unspliceable) => return Poll::Ready(Ok(Spliced::Unspliceable)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-    }
-}
-
-/// The data frame that stands for `n` bytes (at most [`PIPE_SIZE`]) in a
-/// lent pipe.
-fn in_pipe(n: usize) -> Bytes {
-    Bytes::from_static(&IN_PIPE[..n])
-}
-
-/// Whether `data` is a frame that stands for bytes in a lent pipe.
-pub(crate) fn is_in_pipe(data: &Bytes) -> bool {
-    !data.is_empty() && std::ptr::eq(data.as_ptr(), IN_PIPE.as_ptr())
-}
-
-/// Splices the `held` bytes of `pipe` into `to`, as it takes them.
-pub(crate) fn poll_drain(
-    pipe: &Pipe,
-    held: &mut usize,
-    to: &TcpStream,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<()>> {
-    while *held > 0 {
-        ready!(to.poll_write_ready(cx))?;
-        match to.try_io(Interest::WRITABLE, || {
-            Ok(splice(&pipe.read, None, to, None, *held, flags())?)
-        }) {
-            Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-            Ok(n) => *held -= n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-    }
-    Poll::Ready(Ok(()))
 }
 
 #[cfg(test)]

@@ -54,8 +54,7 @@ pub(crate) struct Proxy {
     client_ip: HeaderValue,
     /// Told when the app answers, for its first answer.
     startup: Arc<Startup>,
-    /// qproxy's options: whether `Server-Timing` is on, and whether
-    /// bytes may be spliced.
+    /// qproxy's options: whether `Server-Timing` is on.
     options: LiveOptions,
 }
 
@@ -144,7 +143,6 @@ impl Proxy {
         // out here, so that its future holds only what it waits with.
         let sent = tunnel.and_then(|tunnel| {
             let req = self.http1_request(req)?;
-            let req = req.spliced(!self.options.has(Opt::NoSplice));
             Ok((self.upstream.clone(), req, tunnel))
         });
         Box::pin(async move {

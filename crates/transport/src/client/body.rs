@@ -12,7 +12,6 @@ use http_body::{Frame, SizeHint};
 
 use super::{Conn, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
 use crate::pool::Idle;
-use crate::splice::{self, SPLICE_MIN, Spliced};
 use crate::wire::framing::{Decoded, Decoder, Framing};
 
 /// The smallest and largest reads of a body: a read that fills the room
@@ -40,9 +39,6 @@ pub enum ResponseBodyError {
     Upload(#[source] UploadError),
 }
 
-/// What a poll of a [`ResponseBody`] gives.
-type PolledFrame = Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>>;
-
 /// A response body read from a [`Conn`], which goes back to `idle`
 /// once the body has been read to its end, if it may be reused.
 ///
@@ -66,27 +62,15 @@ pub struct ResponseBody {
     decoder: Decoder,
     /// The room the next read is given.
     read: usize,
-    /// Its data may be spliced into a pipe lent by the server writing it
-    /// (see [`splice`]), rather than read; false for good (for the
-    /// connection's life) once the socket holds bytes `splice` does not
-    /// see.
-    splice: bool,
 }
 
 impl ResponseBody {
     /// The body of `head`, read over `conn` (what came after the head is
     /// in its buffer), while what is left of the request body, if any, is
     /// written on; an empty body gives the connection back at once.
-    /// Without `idle`, the connection is closed at the body's end. With
-    /// `splice`, its data may be spliced to a client (see [`splice`]).
-    pub fn new(
-        mut conn: Conn,
-        head: &ResponseHead,
-        idle: Option<Arc<Idle<Conn>>>,
-        splice: bool,
-    ) -> Self {
+    /// Without `idle`, the connection is closed at the body's end.
+    pub fn new(mut conn: Conn, head: &ResponseHead, idle: Option<Arc<Idle<Conn>>>) -> Self {
         let buf = std::mem::take(&mut conn.buf);
-        let splice = splice && !conn.redirected;
         let mut body = ResponseBody {
             conn: Some(conn),
             idle: idle.filter(|_| head.keep_alive),
@@ -94,7 +78,6 @@ impl ResponseBody {
             small: head.one_read,
             decoder: Decoder::new(head.framing),
             read: BODY_READ_MIN,
-            splice,
         };
         if body.decoder.is_end() {
             body.finish();
@@ -140,45 +123,6 @@ impl ResponseBody {
                 Err(e)
             }
         }
-    }
-
-    /// Splices the body's next data into the pipe lent by the server
-    /// polling it, when the bytes read so far are all passed on, the next
-    /// ones on the wire are data (at least [`SPLICE_MIN`] of them) and no
-    /// request body is still being written. `None` when they are to be
-    /// read instead.
-    fn poll_splice(&mut self, cx: &mut Context<'_>) -> Option<PolledFrame> {
-        let ahead = self
-            .decoder
-            .data_ahead()
-            .filter(|&n| n >= SPLICE_MIN as u64)?;
-        let conn = self.conn.as_ref().filter(|c| c.upload.is_none())?;
-        let most = usize::try_from(ahead).unwrap_or(usize::MAX);
-        let spliced = match splice::fill_lent(&conn.tcp, most, cx) {
-            Poll::Pending => return Some(Poll::Pending),
-            Poll::Ready(spliced) => spliced,
-        };
-        let failed = match spliced {
-            Ok(Spliced::NotLent) => return None,
-            Ok(Spliced::Unspliceable) => {
-                self.splice = false;
-                if let Some(conn) = &mut self.conn {
-                    conn.redirected = true;
-                }
-                return None;
-            }
-            Ok(Spliced::Bytes(data)) => {
-                self.decoder.took(data.len());
-                if self.decoder.is_end() {
-                    self.finish();
-                }
-                return Some(Poll::Ready(Some(Ok(Frame::data(data)))));
-            }
-            Ok(Spliced::End) => ResponseBodyError::Incomplete,
-            Err(e) => ResponseBodyError::Io(e),
-        };
-        self.close();
-        Some(Poll::Ready(Some(Err(failed))))
     }
 
     /// The body has ended, and its connection may not serve another.
@@ -240,12 +184,6 @@ impl http_body::Body for ResponseBody {
         }
         if this.decoder.is_end() {
             return Poll::Ready(None);
-        }
-        if this.splice
-            && this.buf.is_empty()
-            && let Some(polled) = this.poll_splice(cx)
-        {
-            return polled;
         }
         let polled = loop {
             match this.decoder.decode(&mut this.buf) {
@@ -328,7 +266,6 @@ pub fn read_answer(bytes: &[u8], head: bool) -> Result<AppAnswer, ExchangeError>
         small: false,
         decoder: Decoder::new(parsed.framing),
         read: BODY_READ_MIN,
-        splice: false,
     };
     let mut answer = AppAnswer {
         status: parsed.status.as_u16(),
