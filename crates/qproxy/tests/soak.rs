@@ -655,8 +655,8 @@ async fn soak_mixed_load_with_the_app_restarted_loses_nothing_and_holds_steady()
     // app is, so are the idle connections kept to it for reuse.
     app.kill();
     // Every connection closed; the empty pipes the threads keep for the
-    // next splice (at most 16 a thread, two ends each) stay.
-    let kept = 2 * 16 * threads(pid);
+    // next splice (two ends each) stay.
+    let kept = 2 * qproxy_transport::splice::KEPT_PIPES * threads(pid);
     let settled = eventually(deadline(), || {
         let pipe_ends = open_pipe_ends(pid);
         pipe_ends <= kept && open_fds(pid).saturating_sub(pipe_ends) <= fds_at_start

@@ -179,7 +179,7 @@ async fn splice_all(from: &TcpStream, to: &TcpStream, copied: &mut Copied) -> io
 /// nothing yet. Where the splice would block yet a peek finds bytes,
 /// `from` holds bytes outside its receive queue.
 fn into_pipe(from: &TcpStream, pipe: &Pipe) -> io::Result<Filled> {
-    let ended = match splice(from, None, &pipe.write, None, PIPE_SIZE, flags()) {
+    let ended = match splice_into(from, pipe) {
         Ok(0) => true,
         Ok(n) => return Ok(Filled::Bytes(n)),
         Err(Errno::AGAIN) => false,
@@ -191,7 +191,7 @@ fn into_pipe(from: &TcpStream, pipe: &Pipe) -> io::Result<Filled> {
     // by TCP) and not them. A second splice tells which.
     let mut one = [0u8; 1];
     match recv(from, &mut one[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-        Ok((_, n)) if n > 0 => match splice(from, None, &pipe.write, None, PIPE_SIZE, flags()) {
+        Ok((_, n)) if n > 0 => match splice_into(from, pipe) {
             Ok(n) if n > 0 => Ok(Filled::Bytes(n)),
             Ok(_) | Err(Errno::AGAIN) => Ok(Filled::Unspliceable),
             Err(e) => Err(e.into()),
@@ -201,6 +201,11 @@ fn into_pipe(from: &TcpStream, pipe: &Pipe) -> io::Result<Filled> {
         Ok(_) | Err(Errno::AGAIN) => Err(io::ErrorKind::WouldBlock.into()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// One splice of `from` into `pipe`, of at most what a pipe holds.
+fn splice_into(from: &TcpStream, pipe: &Pipe) -> rustix::io::Result<usize> {
+    splice(from, None, &pipe.write, None, PIPE_SIZE, flags())
 }
 
 fn flags() -> SpliceFlags {
