@@ -617,3 +617,74 @@ fn a_waiting_connection_holds_little_beyond_its_service() {
     let room = support::connection_room(service);
     assert!(room <= 1024, "{room} bytes beyond the service");
 }
+
+/// A connection that waits long for its next request (or, on a crowded
+/// port, at all) lets its room go and serves on when the request comes:
+/// the head clock runs only from a head's first bytes (not while the
+/// connection is idle, however long), and a head that stalls after an
+/// idle wait is timed out as any other.
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_serves_on_and_times_its_next_head() {
+    an_idle_connection_serves_on(false).await;
+    an_idle_connection_serves_on(true).await;
+}
+
+async fn an_idle_connection_serves_on(crowded: bool) {
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let service = service_fn(move |req: Request<TestBody>| {
+        record
+            .lock()
+            .unwrap()
+            .push((req.uri().to_string(), req.body().server()));
+        async { Ok::<_, Infallible>(with(200, &[], body("ok"))) }
+    });
+    support::spawn_on_port(server, true, crowded, service);
+    async fn answered(client: &mut tokio::io::DuplexStream) {
+        let mut got = Vec::new();
+        let mut buf = [0; 1024];
+        while !got.ends_with(b"\r\n\r\nok") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    let head = |i: u32| format!("GET /{i} HTTP/1.1\r\nHost: h\r\n\r\n");
+    let served = async {
+        client.write_all(head(1).as_bytes()).await.unwrap();
+        answered(&mut client).await;
+        // Idle past the head timeout (60 s): the next request is served,
+        // and one sent right after its answer.
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        client.write_all(head(2).as_bytes()).await.unwrap();
+        answered(&mut client).await;
+        client.write_all(head(22).as_bytes()).await.unwrap();
+        answered(&mut client).await;
+        // The next head's clock starts with its first bytes: 50 s idle,
+        // then a head that takes 30 s to come whole is served.
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        let third = head(3);
+        let (start, rest) = third.split_at(10);
+        client.write_all(start.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        client.write_all(rest.as_bytes()).await.unwrap();
+        answered(&mut client).await;
+        // One that stalls past the timeout after an idle wait is closed.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        client.write_all(b"GET /4 HTTP/1.1\r\nHo").await.unwrap();
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        rest
+    };
+    let rest = tokio::time::timeout(Duration::from_secs(600), served)
+        .await
+        .expect("the stalled head was not timed out");
+    assert_eq!(rest, b"", "{}", String::from_utf8_lossy(&rest));
+    let seen = seen.lock().unwrap().clone();
+    let expected: Vec<(String, Server)> = ["/1", "/2", "/22", "/3"]
+        .into_iter()
+        .map(|uri| (uri.to_owned(), Server::Here))
+        .collect();
+    assert_eq!(seen, expected, "crowded: {crowded}");
+}

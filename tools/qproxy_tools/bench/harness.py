@@ -112,8 +112,14 @@ def open_idle(port, n):
     return socks
 
 
+# How long the connections measured idle have been so: qproxy lets an idle
+# connection's room go after a second (crates/transport/src/server).
+IDLE_FOR = 2
+
+
 def run_footprint(args, bins):
-    """Loads 6 to 8: memory idle and with 1,000 and 10,000 connections, start-up, idle CPU."""
+    """Loads 6 to 8: memory idle and with 1,000 and 10,000 connections
+    (each answered once, then idle for IDLE_FOR seconds), start-up, idle CPU."""
     results = {}
     app, app_port = start_app(bins, "unpinned")
     try:
@@ -128,11 +134,13 @@ def run_footprint(args, bins):
                 time.sleep(args.idle_seconds)
                 idle_cpu = (cpu_ticks(c.pids()) - before) / TICK
                 socks = open_idle(c.port, 1000)
+                time.sleep(IDLE_FOR)
                 busy_rss = rss_kib(c.pids())
                 rss_10000 = None
                 # nginx and HAProxy are configured for 4,096 connections.
                 if name.startswith("qproxy") or name == "go-qp":
                     socks += open_idle(c.port, 9000)
+                    time.sleep(IDLE_FOR)
                     rss_10000 = rss_kib(c.pids())
                 for s in socks:
                     s.close()

@@ -9,7 +9,7 @@
 //! from the socket to the service is this module's alone.
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::marker::PhantomData;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -34,9 +34,10 @@ use tokio::net::TcpStream;
 use tower_service::Service;
 
 use super::head::{H2_PREFACE, HeadClock, HeadTimer, Watched, first_head, read_first_head};
-use super::{Lifecycle, MakeBody, Served, serve};
+use super::{Crowd, Lifecycle, MakeBody, Served, serve};
 use crate::BoxError;
 use crate::limits::MAX_HEADER_BYTES;
+use crate::wire::read::poll_read_into;
 
 /// How a port speaks HTTP: whether this crate's server takes the requests
 /// it can, hyper's HTTP/1.1 settings for the rest, and HTTP/2's when the
@@ -49,6 +50,8 @@ pub struct Protocols {
     http2: Option<http2::Builder<TokioExecutor>>,
     /// ALPN chose HTTP/2: the connection speaks nothing else.
     h2_only: bool,
+    /// The port's connections open, shared by these settings' clones.
+    crowd: Arc<Crowd>,
 }
 
 impl Protocols {
@@ -65,7 +68,17 @@ impl Protocols {
             http1,
             http2,
             h2_only: false,
+            crowd: Arc::new(Crowd::new(CROWDED)),
         }
+    }
+
+    /// These settings, the port counted crowded once it has more than
+    /// `open` connections open (a connection of a crowded port lets its
+    /// room go as soon as it waits for its next request).
+    #[must_use]
+    pub fn crowded_past(mut self, open: usize) -> Self {
+        self.crowd = Arc::new(Crowd::new(open));
+        self
     }
 
     /// These settings, for a connection that ALPN put on HTTP/2: it
@@ -83,6 +96,11 @@ impl Protocols {
         self
     }
 }
+
+/// Connections open on a port past which it is crowded: each of them
+/// holds its room (about 5 KiB with qproxy's stack) for a second after
+/// each request, so this many hold at most a few MiB.
+const CROWDED: usize = 256;
 
 /// How a connection [`serve_connection`] served ended.
 #[derive(Debug)]
@@ -110,7 +128,9 @@ pub enum Ended {
 /// What the connection's task holds while it waits is this future alone
 /// (about a kilobyte with qproxy's stack, most of it the service): the
 /// states of this crate's server and of hyper's are boxed once they are
-/// needed. Not an `async fn`, which would keep its arguments twice.
+/// needed, and this crate's server's is freed again once the connection
+/// has been idle for a second ([`Served::Idle`]). Not an `async fn`, which
+/// would keep its arguments twice.
 #[expect(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in its future"
@@ -132,6 +152,7 @@ where
     L: Lifecycle,
 {
     async move {
+        let _open = protocols.crowd.enter();
         let served = async {
             let Ok(mut ahead) = read_first_head(&mut io).await else {
                 return Ended::Closed;
@@ -141,12 +162,42 @@ where
                 _ => None,
             };
             if h2.is_none() && protocols.own {
-                // Boxed once the first head is in: a connection that sends
-                // nothing does not carry a request's room.
-                let served = Box::pin(serve(&mut io, ahead, &clock, &owner, &mut service));
-                match served.await {
-                    Served::Closed => return Ended::Closed,
-                    Served::HandOff(rest) => ahead = rest,
+                // Made once for the connection's life: it registers once.
+                let mut stopping = pin!(owner.stopping());
+                loop {
+                    // Boxed while requests come: a connection idle for a
+                    // while carries no request's room, and no buffer (this
+                    // crate's server returns then, its buffers freed).
+                    let served = Box::pin(serve(
+                        &mut io,
+                        ahead,
+                        &clock,
+                        &owner,
+                        stopping.as_mut(),
+                        &protocols.crowd,
+                        &mut service,
+                    ));
+                    match served.await {
+                        Served::Closed => return Ended::Closed,
+                        Served::HandOff(rest) => {
+                            ahead = rest;
+                            break;
+                        }
+                        Served::Idle => {}
+                    }
+                    // The next request's first bytes, read into room taken
+                    // when they come; a graceful shutdown closes the idle
+                    // connection.
+                    let mut next = BytesMut::new();
+                    let read = poll_fn(|cx| poll_read_into(&mut io, &mut next, cx));
+                    tokio::select! {
+                        biased;
+                        () = stopping.as_mut() => return Ended::Closed,
+                        got = read => if !matches!(got, Ok(n) if n > 0) {
+                            return Ended::Closed;
+                        },
+                    }
+                    ahead = next.freeze();
                 }
             }
             // hyper's connection state is large, and serves only what this

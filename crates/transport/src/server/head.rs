@@ -145,7 +145,7 @@ impl HeadClock {
         self.first_done.store(true, Ordering::Relaxed);
     }
 
-    fn first_done(&self) -> bool {
+    pub(crate) fn first_done(&self) -> bool {
         self.first_done.load(Ordering::Relaxed)
     }
 

@@ -150,12 +150,36 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    spawn_on_port(io, own, false, service)
+}
+
+/// [`spawn_connection`], on a port that is crowded (`crowded`: a
+/// connection lets its room go as soon as it waits) or not.
+pub(crate) fn spawn_on_port<S, B>(
+    io: DuplexStream,
+    own: bool,
+    crowded: bool,
+    service: S,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Service<Request<TestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .title_case_headers(true)
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADER_FIELDS);
-    let protocols = std::sync::Arc::new(Protocols::new(own, http1, None));
+    let mut protocols = Protocols::new(own, http1, None);
+    if crowded {
+        protocols = protocols.crowded_past(0);
+    }
+    let protocols = std::sync::Arc::new(protocols);
     tokio::spawn(async move {
         let clock = HeadClock::new(Duration::from_secs(60));
         serve_connection(io, clock, protocols, service, TestLifecycle).await;
