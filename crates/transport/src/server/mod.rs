@@ -20,8 +20,8 @@
 //! next request has begun to come (pipelined, or sent while a response was
 //! written) keeps what it wrote last (up to 16 KiB) and its last head's
 //! memory (up to 2 KiB) for it, and so does one that waits for its next
-//! request for as long as a busy client leaves between two (a second). One
-//! that has waited longer holds nothing: [`serve`] returns
+//! request for as long as a busy client leaves between two (a second or
+//! two). One that has waited longer holds nothing: [`serve`] returns
 //! ([`Served::Idle`]), its state and buffers freed, and the connection's
 //! task waits for the next bytes with no room for them until they come, as
 //! nginx and HAProxy wait.
@@ -119,7 +119,7 @@ pub trait Lifecycle {
 /// How many connections a port has open, and past how many it is
 /// crowded: a connection of a crowded port lets its room go as soon as it
 /// waits for its next request, where one of a port with few keeps it for
-/// a second (letting it go and taking it again costs about 15% more
+/// a second or two (letting it go and taking it again costs about 15% more
 /// instructions a request).
 #[derive(Debug)]
 pub struct Crowd {
@@ -197,10 +197,13 @@ where
     B::Error: Into<BoxError>,
 {
     let mut conn = Conn::new(io, first, clock);
-    // One timer for every wait between requests: moving its deadline later
-    // is a store, where a timer of its own for each wait is registered with
-    // tokio's wheel and taken out of it again.
+    // One timer for every wait between requests, set again only when it
+    // fires after a request was answered (`served`): a request costs it
+    // nothing, where a deadline moved at each wait read the clock each
+    // time (about 230 instructions a request). So a connection lets its
+    // room go between one and two `IDLE_KEPT`s after its last answer.
     let mut idle = pin!(tokio::time::sleep(IDLE_KEPT));
+    let mut served = false;
     loop {
         let (req, keep_alive, body_read) = loop {
             let read = match conn.next_request() {
@@ -220,9 +223,6 @@ where
                     // taken again, at some cost, once the request comes.
                     if conn.pending.is_empty() && !conn.arrived {
                         let crowded = crowd.is_crowded();
-                        if !crowded {
-                            idle.as_mut().reset(Instant::now() + IDLE_KEPT);
-                        }
                         let read =
                             poll_fn(|cx| match poll_read_into(conn.io, &mut conn.pending, cx) {
                                 Poll::Pending if crowded => Poll::Ready(None),
@@ -233,7 +233,13 @@ where
                             biased;
                             got = read => got,
                             () = stopping.as_mut() => return Served::Closed,
-                            () = idle.as_mut(), if !crowded => None,
+                            () = idle.as_mut(), if !crowded => {
+                                if std::mem::take(&mut served) {
+                                    idle.as_mut().reset(Instant::now() + IDLE_KEPT);
+                                    continue;
+                                }
+                                None
+                            }
                         };
                         match got {
                             None => return Served::Idle,
@@ -286,7 +292,10 @@ where
             return Served::Closed;
         };
         match kept {
-            Some(headers) if !owner.is_stopping() => conn.spare = headers,
+            Some(headers) if !owner.is_stopping() => {
+                conn.spare = headers;
+                served = true;
+            }
             // The response was the connection's last: it closes cleanly.
             _ => return conn.shutdown().await,
         }
