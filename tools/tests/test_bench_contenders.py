@@ -11,13 +11,17 @@ from qproxy_tools.bench import contenders
 def nginx_conf(tmp_path, tls=True):
     certs = tmp_path / "certs"
     tls_text = contenders.config("nginx-tls.conf").format(tls_port=18443, certs=certs) if tls else ""
-    return contenders.config("nginx.conf").format(tmp=tmp_path, port=18080, h2_port=18081, app=18082, tls=tls_text)
+    return contenders.config("nginx.conf").format(
+        tmp=tmp_path, port=18080, h2_port=18081, app=18082, tls=tls_text, connections=4096, files=20000
+    )
 
 
 def haproxy_cfg(tmp_path, tls=True, splice=""):
     pem = tmp_path / "tls.pem"
     tls_text = contenders.config("haproxy-tls.cfg").format(tls_port=18443, pem=pem) if tls else ""
-    return contenders.config("haproxy.cfg").format(port=18080, h2_port=18081, app=18082, tls=tls_text, splice=splice)
+    return contenders.config("haproxy.cfg").format(
+        port=18080, h2_port=18081, app=18082, tls=tls_text, splice=splice, connections=4096, files=20000
+    )
 
 
 def envoy_yaml(tmp_path, tls=True):
@@ -87,3 +91,23 @@ def test_knative_env_is_a_default_revisions_on_the_harness_ports():
     # The classic generation's variables, as the Go queue-proxy v0.42.2 reads them.
     assert "SERVING_NAMESPACE" in env
     assert contenders.knative_env(8080, 8012)["SERVING_REQUEST_METRICS_BACKEND"] == "prometheus"
+
+
+def test_nginx_and_haproxy_take_the_connections_asked_for(tmp_path):
+    nginx = contenders.config("nginx.conf").format(
+        tmp=tmp_path, port=1, h2_port=2, app=3, tls="", connections=19000, files=20000
+    )
+    assert "worker_rlimit_nofile 20000;" in nginx
+    assert "events { worker_connections 19000; }" in nginx
+    haproxy = contenders.config("haproxy.cfg").format(
+        port=1, h2_port=2, app=3, tls="", splice="", connections=19000, files=20000
+    )
+    assert "    maxconn 19000\n    ulimit-n 20000\n" in haproxy
+    assert contenders.descriptor_cap() > 0
+
+
+def test_haproxy_is_set_to_take_what_its_descriptors_allow():
+    cap = contenders.descriptor_cap()
+    assert contenders.Contender("haproxy", {}, "unpinned", connections=10**7).capacity() == (cap - 100) // 2
+    assert contenders.Contender("haproxy", {}, "unpinned", connections=100).capacity() == 100
+    assert contenders.Contender("nginx", {}, "unpinned", connections=19000).capacity() == 19000

@@ -4,6 +4,7 @@ benches/contenders/, its fields in braces filled in here."""
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -44,11 +45,20 @@ def knative_env(user_port, main_port, cc=0, metrics=True):
     return env
 
 
+def descriptor_cap():
+    """The most descriptors a process started from here may open: the
+    limit's hard cap (which root cannot raise on these machines)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
 class Contender:
     """One proxy (or none) in front of the app; started per measurement."""
 
-    def __init__(self, name, bins, variant, cc=0, tls=False):
+    def __init__(self, name, bins, variant, cc=0, tls=False, connections=4096):
         self.name, self.bins, self.variant, self.cc, self.tls = name, bins, variant, cc, tls
+        # The connections nginx and HAProxy are configured to take (the
+        # others take as many as their descriptors allow).
+        self.connections = connections
         self.procs, self.tmp = [], None
         self.port = self.h2_port = self.tls_port = None
         # A command the proxy runs under (callgrind, for its instructions);
@@ -57,6 +67,14 @@ class Contender:
         # The qproxy-accel contender runs an app of its own, in the
         # accelerator's cgroup, and the agent beside it.
         self.app, self.agent, self.agent_log = None, None, None
+
+    def capacity(self):
+        """The most connections the contender is set to take: those asked
+        for, but for HAProxy, which refuses to start unless two descriptors
+        a connection (and some to spare) fit under the cap."""
+        if self.name in ("haproxy", "haproxy-splice"):
+            return min(self.connections, (descriptor_cap() - 100) // 2)
+        return self.connections
 
     @property
     def proxy_cpu(self):
@@ -104,7 +122,13 @@ class Contender:
             conf = os.path.join(self.tmp, "nginx.conf")
             tls = config("nginx-tls.conf").format(tls_port=self.tls_port, certs=self.bins["certs"]) if self.tls else ""
             text = config("nginx.conf").format(
-                tmp=self.tmp, port=self.port, h2_port=self.h2_port, app=app_port, tls=tls
+                tmp=self.tmp,
+                port=self.port,
+                h2_port=self.h2_port,
+                app=app_port,
+                tls=tls,
+                connections=self.connections,
+                files=descriptor_cap(),
             )
             if self.wrap:
                 text = text.replace("master_process on;", "master_process off;")
@@ -128,7 +152,13 @@ class Contender:
                 splice = "    option splice-auto" if name == "haproxy-splice" else ""
                 f.write(
                     config("haproxy.cfg").format(
-                        port=self.port, h2_port=self.h2_port, app=app_port, tls=tls, splice=splice
+                        port=self.port,
+                        h2_port=self.h2_port,
+                        app=app_port,
+                        tls=tls,
+                        splice=splice,
+                        connections=self.capacity(),
+                        files=descriptor_cap(),
                     )
                 )
             argv, env = [self.bins["haproxy"], "-db", "-f", conf], dict(os.environ)

@@ -13,7 +13,6 @@ for the TLS loads, openssl, and root with unshare for the Go queue-proxy
 
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from .pages import BENCHES, run_facts
 from .plots import instructions_picture, load_picture
 from .procs import TICK, check_app_answers, cpu_ticks, rss_kib, start_app, stop
 from .report import picture_link, report, svg_name, write
+from .scale import IDLE_FOR, open_idle, run_scale
+from .scale import report_lines as scale_lines
 from .tunnel import report_lines, run_tunnel
 
 
@@ -98,23 +99,6 @@ def run_concurrency(args, bins):
     finally:
         stop(app)
     return results
-
-
-def open_idle(port, n):
-    """`n` connections that each had one request answered, left open."""
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        socks.append(s)
-    for s in socks:
-        s.recv(4096)
-    return socks
-
-
-# How long the connections measured idle have been so: qproxy lets an idle
-# connection's room go after a second (crates/transport/src/server).
-IDLE_FOR = 2
 
 
 def run_footprint(args, bins):
@@ -207,7 +191,7 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--idle-seconds", type=int, default=30)
     ap.add_argument("--contenders", default="direct,qproxy,qproxy-nometrics,go-qp,nginx,haproxy,envoy")
-    ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10,13")
+    ap.add_argument("--loads", default="1,2,3,11,12,4,5,6,9,10,13,14")
     ap.add_argument("--variants", default="pinned,unpinned")
     ap.add_argument(
         "--instructions",
@@ -236,7 +220,8 @@ def main():
         # it may start this script again.
         plotting.with_matplotlib(sys.argv[0])
 
-    # A thousand connections, in this process and the proxies it starts.
+    # Load 14's 18,000 connections, in this process and the proxies it
+    # starts.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     bins = build(args)
@@ -253,6 +238,10 @@ def main():
     if 13 in args.loads:
         print("== load 13", flush=True)
         tunnel = run_tunnel(args, bins)
+    scale = None
+    if 14 in args.loads:
+        print("== load 14", flush=True)
+        scale = run_scale(args, bins)
     allocations = instructions = None
     if not args.smoke:
         print("== allocations", flush=True)
@@ -263,6 +252,8 @@ def main():
     table = report(args, throughput, concurrency, footprint, allocations, instructions)
     if tunnel:
         table += "\n" + "\n".join(report_lines(tunnel))
+    if scale:
+        table += "\n" + "\n".join(scale_lines(scale))
     print(table)
     failed = [k for k, rounds in throughput.items() if any(r["errors"] for r in rounds)]
     if args.smoke:
