@@ -590,18 +590,24 @@ async fn heads_read_into_kept_memory_arrive_whole() {
                 .unwrap();
             expected.push(format!("GET /{i} host=h{i} x-pad={value}"));
             // The whole response, before the next request.
-            let mut got = Vec::new();
-            let mut buf = [0; 1024];
-            while !got.ends_with(b"\r\n\r\nok") {
-                let n = client.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the connection closed");
-                got.extend_from_slice(&buf[..n]);
-            }
+            read_ok(&mut client).await;
         }
         assert_eq!(*seen.lock().unwrap(), expected, "holding requests: {hold}");
         for (req, line) in held.lock().unwrap().iter().zip(&expected) {
             assert!(line.starts_with(&format!("GET {}", req.uri())));
         }
+    }
+}
+
+/// Reads from `client` until a response whose body is `ok` has come whole;
+/// panics if the connection closes first.
+async fn read_ok(client: &mut tokio::io::DuplexStream) {
+    let mut got = Vec::new();
+    let mut buf = [0; 1024];
+    while !got.ends_with(b"\r\n\r\nok") {
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the connection closed");
+        got.extend_from_slice(&buf[..n]);
     }
 }
 
@@ -641,26 +647,17 @@ async fn an_idle_connection_serves_on(crowded: bool) {
         async { Ok::<_, Infallible>(with(200, &[], body("ok"))) }
     });
     support::spawn_on_port(server, true, crowded, service);
-    async fn answered(client: &mut tokio::io::DuplexStream) {
-        let mut got = Vec::new();
-        let mut buf = [0; 1024];
-        while !got.ends_with(b"\r\n\r\nok") {
-            let n = client.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the connection closed");
-            got.extend_from_slice(&buf[..n]);
-        }
-    }
     let head = |i: u32| format!("GET /{i} HTTP/1.1\r\nHost: h\r\n\r\n");
     let served = async {
         client.write_all(head(1).as_bytes()).await.unwrap();
-        answered(&mut client).await;
+        read_ok(&mut client).await;
         // Idle past the head timeout (60 s): the next request is served,
         // and one sent right after its answer.
         tokio::time::sleep(Duration::from_secs(90)).await;
         client.write_all(head(2).as_bytes()).await.unwrap();
-        answered(&mut client).await;
+        read_ok(&mut client).await;
         client.write_all(head(22).as_bytes()).await.unwrap();
-        answered(&mut client).await;
+        read_ok(&mut client).await;
         // The next head's clock starts with its first bytes: 50 s idle,
         // then a head that takes 30 s to come whole is served.
         tokio::time::sleep(Duration::from_secs(50)).await;
@@ -669,7 +666,7 @@ async fn an_idle_connection_serves_on(crowded: bool) {
         client.write_all(start.as_bytes()).await.unwrap();
         tokio::time::sleep(Duration::from_secs(30)).await;
         client.write_all(rest.as_bytes()).await.unwrap();
-        answered(&mut client).await;
+        read_ok(&mut client).await;
         // One that stalls past the timeout after an idle wait is closed.
         tokio::time::sleep(Duration::from_secs(5)).await;
         client.write_all(b"GET /4 HTTP/1.1\r\nHo").await.unwrap();

@@ -14,7 +14,7 @@ import time
 
 from .contenders import Contender
 from .procs import TICK, cpu_ticks, rss_kib, start_app, stop
-from .tunnel import UPGRADE, head_end
+from .tunnel import UPGRADE, read_head
 
 # The app's echo through a buffer of its own, which holds no pipe per
 # tunnel (benches/app).
@@ -113,15 +113,10 @@ def open_tunnels_now(port, n):
         s.sendall(SCALE_UPGRADE)
         socks.append(s)
     for s in socks:
-        buf = b""
-        while head_end(buf) is None:
-            got = s.recv(4096)
-            if not got:
-                raise RuntimeError(f"a tunnel closed before its head: {buf!r}")
-            buf += got
+        buf, end = read_head(s)
         if not buf.startswith(b"HTTP/1.1 101"):
             raise RuntimeError(f"a tunnel was refused: {buf[:40]!r}")
-        if len(buf) > head_end(buf):
+        if len(buf) > end:
             raise RuntimeError("bytes came after the 101 before any were sent")
     return socks
 

@@ -44,6 +44,18 @@ def head_end(buf):
     return None if i < 0 else i + 4
 
 
+def read_head(s):
+    """What `s` has sent until its response head is whole, and where the
+    head ends in it; raises if the connection closes first."""
+    buf = b""
+    while head_end(buf) is None:
+        got = s.recv(4096)
+        if not got:
+            raise RuntimeError(f"the tunnel closed before its head: {buf!r}")
+        buf += got
+    return buf, head_end(buf)
+
+
 def stream(port, mib):
     """Sends `mib` MiB through an upgraded connection to `port` and reads
     them back: (bytes back, seconds), reading until as many came back as
@@ -52,13 +64,7 @@ def stream(port, mib):
     does. Raises on an answer other than 101."""
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(UPGRADE)
-        buf = b""
-        while head_end(buf) is None:
-            got = s.recv(4096)
-            if not got:
-                raise RuntimeError(f"the tunnel closed before its head: {buf!r}")
-            buf += got
-        end = head_end(buf)
+        buf, end = read_head(s)
         if not buf.startswith(b"HTTP/1.1 101"):
             raise RuntimeError(f"no upgrade: {buf[:end]!r}")
         back = len(buf) - end

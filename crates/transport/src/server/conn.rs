@@ -98,8 +98,8 @@ impl Protocols {
 }
 
 /// Connections open on a port past which it is crowded: each of them
-/// holds its room (about 5 KiB with qproxy's stack) for a second or two after
-/// each request, so this many hold at most a few MiB.
+/// holds its room (about 5 KiB with qproxy's stack) for a second or two
+/// after each request, so this many hold at most a few MiB.
 const CROWDED: usize = 256;
 
 /// How a connection [`serve_connection`] served ended.
@@ -129,8 +129,8 @@ pub enum Ended {
 /// (about a kilobyte with qproxy's stack, most of it the service): the
 /// states of this crate's server and of hyper's are boxed once they are
 /// needed, and this crate's server's is freed again once the connection
-/// has been idle for a second or two ([`Served::Idle`]). Not an `async fn`, which
-/// would keep its arguments twice.
+/// has been idle for a second or two ([`Served::Idle`]). Not an `async
+/// fn`, which would keep its arguments twice.
 #[expect(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in its future"
