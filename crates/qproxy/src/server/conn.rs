@@ -107,10 +107,12 @@ pub(crate) struct Accepted {
 /// Serves connections accepted on `listener` until `stop` turns true,
 /// over TLS when `tls` is given.
 ///
-/// `make` builds the service for each connection. Connections are tracked
+/// `make` builds, for each connection, the maker of its services (a
+/// connection makes one while it serves, and lets it go while it waits
+/// long for a request). Connections are tracked
 /// by `graceful`, whose shutdown (once every accept loop has returned and
 /// dropped its handle) lets in-flight requests finish.
-pub(crate) async fn serve<M, S, B>(
+pub(crate) async fn serve<M, N, S, B>(
     listener: Listener,
     builder: Protocols,
     tls: Option<TlsAcceptor>,
@@ -118,7 +120,8 @@ pub(crate) async fn serve<M, S, B>(
     graceful: Arc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
 ) where
-    M: Fn(Accepted) -> S,
+    M: Fn(Accepted) -> N,
+    N: Fn() -> S + Send + 'static,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
@@ -159,7 +162,7 @@ pub(crate) async fn serve<M, S, B>(
         let conn = Accepted {
             remote: SocketAddr::new(remote.ip().to_canonical(), remote.port()),
         };
-        let service = make(conn);
+        let services = make(conn);
         let watcher = graceful.watcher();
         let head_timeout = listener.head_timeout;
         match &tls {
@@ -169,7 +172,7 @@ pub(crate) async fn serve<M, S, B>(
                     stream,
                     clock,
                     plain.clone(),
-                    service,
+                    services,
                     watcher,
                     conn,
                 ));
@@ -180,7 +183,7 @@ pub(crate) async fn serve<M, S, B>(
                 tokio::spawn(async move {
                     if let Some(tls) = handshake(stream, &acceptor, head_timeout, conn).await {
                         let builder = if tls.h2 { h2_only } else { plain };
-                        connection(tls.stream, tls.clock, builder, service, watcher, conn).await;
+                        connection(tls.stream, tls.clock, builder, services, watcher, conn).await;
                     }
                 });
             }
@@ -266,23 +269,23 @@ where
     }
 }
 
-/// Serves one accepted connection, accepted when `clock` was made, until
-/// it ends, its first request head does not come in time, or a graceful
-/// shutdown ends it.
+/// Serves one accepted connection, accepted when `clock` was made, with
+/// the services `services` makes, until it ends, its first request head
+/// does not come in time, or a graceful shutdown ends it.
 ///
-/// Not an `async fn`: one would keep its arguments (the service among
-/// them) beside the connection's future they are moved into, twice the
+/// Not an `async fn`: one would keep its arguments beside the connection's future they are moved into, twice the
 /// room in every connection's task.
-pub(super) fn connection<IO, S, B>(
+pub(super) fn connection<IO, N, S, B>(
     io: IO,
     clock: Arc<HeadClock>,
     builder: Arc<Protocols>,
-    service: S,
+    services: N,
     watcher: Watcher,
     conn: Accepted,
 ) -> impl Future<Output = ()> + Send
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    N: Fn() -> S + Send + 'static,
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
@@ -293,7 +296,7 @@ where
 {
     // Mapped, not awaited in an `async` block, which would move the
     // future into a second place of its own.
-    serve_connection(io, clock, builder, service, watcher).map(move |ended| match ended {
+    serve_connection(io, clock, builder, services, watcher).map(move |ended| match ended {
         Ended::Closed => {}
         Ended::Failed(e) => {
             tracing::debug!(error = %e, client = %conn.remote, "connection ended with an error");
@@ -325,10 +328,13 @@ pub(crate) fn small_server<E: Endpoint>(
         tls,
         move |_| {
             let endpoint = endpoint.clone();
-            ServerRulesLayer.layer(service_fn(move |req| {
-                let answer = endpoint.clone().respond(req);
-                async move { Ok::<_, Infallible>(answer.await) }
-            }))
+            move || {
+                let endpoint = endpoint.clone();
+                ServerRulesLayer.layer(service_fn(move |req| {
+                    let answer = endpoint.clone().respond(req);
+                    async move { Ok::<_, Infallible>(answer.await) }
+                }))
+            }
         },
         graceful.clone(),
         stopped.clone(),
@@ -396,7 +402,7 @@ mod tests {
             server,
             HeadClock::new(HEAD_TIMEOUT),
             Arc::new(builder),
-            service_fn(ok),
+            || service_fn(ok),
             graceful.watcher(),
             CLIENT,
         ));
@@ -410,14 +416,14 @@ mod tests {
         let acceptor = TlsAcceptor::from(ca.server_config(false));
         let (client, server) = tokio::io::duplex(1 << 16);
         let graceful = GracefulShutdown::new();
-        let (service, watcher) = (service_fn(ok), graceful.watcher());
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
             if let Some(tls) = handshake(server, &acceptor, HEAD_TIMEOUT, CLIENT).await {
                 connection(
                     tls.stream,
                     tls.clock,
                     Arc::new(main_builder()),
-                    service,
+                    || service_fn(ok),
                     watcher,
                     CLIENT,
                 )

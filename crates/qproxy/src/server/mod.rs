@@ -165,12 +165,12 @@ impl MainPort {
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
         let conn = conn::Accepted { remote };
-        let service = stack::main_service(&self.shared, remote);
+        let shared = self.shared.clone();
         conn::connection(
             io,
             qproxy_transport::server::HeadClock::new(listener::HEAD_TIMEOUT),
             std::sync::Arc::new(main_builder()),
-            service,
+            move || stack::main_service(&shared, remote),
             self.graceful.watcher(),
             conn,
         )
@@ -302,15 +302,24 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
         loops.push(tokio::spawn(podinfo.follow(main.options.clone(), started)));
     }
 
+    // What a main-port connection holds between its requests: the maker of
+    // its services, a pointer to the port's state and the client's
+    // address (the service itself is a pointer for each layer's state).
+    let services = {
+        let main = Arc::new(main.clone());
+        move |conn: conn::Accepted| {
+            let main = main.clone();
+            move || stack::main_service(&main, conn.remote)
+        }
+    };
     let mut servers = JoinSet::new();
     let tls = server.tls.map(|(listener, tls)| {
         loops.push(tokio::spawn(tls.watch()));
-        let main = main.clone();
         servers.spawn(serve(
             listener,
             main_builder(),
             Some(tls.acceptor.clone()),
-            move |conn| stack::main_service(&main, conn.remote),
+            services.clone(),
             graceful.clone(),
             stopped.clone(),
         ));
@@ -320,7 +329,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
         server.main,
         main_builder(),
         None,
-        move |conn| stack::main_service(&main, conn.remote),
+        services,
         graceful.clone(),
         stopped.clone(),
     ));

@@ -113,10 +113,10 @@ pub enum Ended {
     NoFirstHead,
 }
 
-/// Serves `io`, a connection accepted when `clock` was made, with
-/// `service` until it ends, its first request head does not come in time,
-/// or `owner` asks it to finish (once its requests in flight are
-/// answered).
+/// Serves `io`, a connection accepted when `clock` was made, with a
+/// service `make_service` makes, until it ends, its first request head
+/// does not come in time, or `owner` asks it to finish (once its requests
+/// in flight are answered).
 ///
 /// The first bytes tell HTTP/2 (the h2c preface, or `protocols` say ALPN
 /// chose it) from HTTP/1.1. HTTP/1.1 requests are served by [`serve`]
@@ -126,24 +126,26 @@ pub enum Ended {
 /// read `501`, the connection closed, as Go's server answers them.
 ///
 /// What the connection's task holds while it waits is this future alone
-/// (about a kilobyte with qproxy's stack, most of it the service): the
-/// states of this crate's server and of hyper's are boxed once they are
-/// needed, and this crate's server's is freed again once the connection
-/// has been idle for a second or two ([`Served::Idle`]). Not an `async
+/// (760 bytes with qproxy's stack): the states of this crate's
+/// server and of hyper's are boxed once they are needed, each with a
+/// service made for it, and this crate's server's is freed again, its
+/// service with it, once the connection has been idle for a second or two
+/// ([`Served::Idle`]); serving on makes the service again. Not an `async
 /// fn`, which would keep its arguments twice.
 #[expect(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments twice in its future"
 )]
-pub fn serve_connection<IO, S, RB, B, L>(
+pub fn serve_connection<IO, M, S, RB, B, L>(
     mut io: IO,
     clock: Arc<HeadClock>,
     protocols: Arc<Protocols>,
-    mut service: S,
+    make_service: M,
     owner: L,
 ) -> impl Future<Output = Ended>
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    M: Fn() -> S + Send + 'static,
     S: Service<Request<RB>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
     RB: MakeBody + Send + 'static,
@@ -154,6 +156,9 @@ where
     async move {
         let _open = protocols.crowd.enter();
         let served = async {
+            // Moved in, not borrowed: a maker held by reference across the
+            // waits would have to be `Sync`.
+            let make = make_service;
             let Ok(mut ahead) = read_first_head(&mut io).await else {
                 return Ended::Closed;
             };
@@ -175,7 +180,7 @@ where
                         &owner,
                         stopping.as_mut(),
                         &protocols.crowd,
-                        &mut service,
+                        make(),
                     ));
                     match served.await {
                         Served::Closed => return Ended::Closed,
@@ -212,10 +217,9 @@ where
                     Hyper::H1(http1)
                 }
             };
-            // A clone, so that this block holds the service by reference, not
-            // a second copy of it; boxed in a statement of its own, so that
-            // the future before it was boxed is not kept across the wait.
-            let served = Box::pin(serve_with_hyper(io, service.clone(), hyper, &owner));
+            // Boxed in a statement of its own, so that the future before it
+            // was boxed is not kept across the wait.
+            let served = Box::pin(serve_with_hyper(io, make(), hyper, &owner));
             served.await
         };
         tokio::select! {

@@ -185,7 +185,7 @@ pub async fn serve<IO, S, RB, B, L, St>(
     owner: &L,
     mut stopping: Pin<&mut St>,
     crowd: &Crowd,
-    service: &mut S,
+    mut service: S,
 ) -> Served
 where
     IO: AsyncRead + AsyncWrite + Unpin,

@@ -110,7 +110,7 @@ impl Lifecycle for TestLifecycle {
 
 /// How many bytes the future of a connection served with `service`
 /// takes (what every connection's task holds while it waits), beyond the
-/// service itself.
+/// maker of its services (a clone of `service`).
 pub(crate) fn connection_room<S, B>(service: S) -> usize
 where
     S: Service<Request<TestBody>, Response = Response<B>, Error = Infallible>
@@ -121,7 +121,8 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let room = std::mem::size_of_val(&service);
+    let make = move || service.clone();
+    let room = std::mem::size_of_val(&make);
     let (io, _client) = tokio::io::duplex(64);
     let protocols = std::sync::Arc::new(Protocols::new(
         true,
@@ -129,7 +130,7 @@ where
         None,
     ));
     let clock = HeadClock::new(Duration::from_secs(60));
-    let connection = serve_connection(io, clock, protocols, service, TestLifecycle);
+    let connection = serve_connection(io, clock, protocols, make, TestLifecycle);
     std::mem::size_of_val(&connection) - room
 }
 
@@ -182,6 +183,6 @@ where
     let protocols = std::sync::Arc::new(protocols);
     tokio::spawn(async move {
         let clock = HeadClock::new(Duration::from_secs(60));
-        serve_connection(io, clock, protocols, service, TestLifecycle).await;
+        serve_connection(io, clock, protocols, move || service.clone(), TestLifecycle).await;
     })
 }
