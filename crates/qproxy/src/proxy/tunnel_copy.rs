@@ -24,10 +24,12 @@
 
 use std::future::Future;
 use std::io;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use futures_util::future::Either;
 use http_body_util::BodyExt;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
@@ -75,7 +77,20 @@ pub(super) fn spawn(
     splice: bool,
 ) -> Tunnel {
     let tunnel = Tunnel::open();
-    let handle = tunnel.clone();
+    tokio::spawn(run(client, app, deadline, splice, tunnel.clone()));
+    tunnel
+}
+
+/// The task of a tunnel [`spawn`] runs, which closes `tunnel` at its end:
+/// what every open tunnel holds (2,008 bytes, optimised, with qproxy's
+/// types).
+fn run(
+    client: OnUpgrade,
+    app: AppSide,
+    deadline: Option<TunnelDeadline>,
+    splice: bool,
+    tunnel: Tunnel,
+) -> impl Future<Output = ()> + Send + 'static {
     let ends = tunnel.clone();
     let copy = async move {
         let client = match client.await {
@@ -96,18 +111,17 @@ pub(super) fn spawn(
             }
         }
     };
-    tokio::spawn(async move {
-        match deadline {
-            Some(TunnelDeadline(at)) => {
-                if tokio::time::timeout_at(at, copy).await.is_err() {
-                    tracing::debug!("upgraded connection closed by the request timeout");
-                }
+    // Not an `async` block around `copy`: one would keep `copy` beside the
+    // future awaiting it, twice its room in every tunnel's task.
+    let run = match deadline {
+        Some(TunnelDeadline(at)) => Either::Left(tokio::time::timeout_at(at, copy).map(|timed| {
+            if timed.is_err() {
+                tracing::debug!("upgraded connection closed by the request timeout");
             }
-            None => copy.await,
-        }
-        tunnel.close();
-    });
-    handle
+        })),
+        None => Either::Right(copy),
+    };
+    run.map(move |()| tunnel.close())
 }
 
 /// Copies bytes both ways between the client and the app's connection;
@@ -116,16 +130,16 @@ pub(super) fn spawn(
 async fn copy_connection(client: TokioIo<Upgraded>, app: AppIo, ends: &Tunnel) {
     let (mut from_client, mut to_client) = tokio::io::split(client);
     let (mut from_app, mut to_app) = tokio::io::split(app);
-    let up = async {
+    let up = pin!(async {
         let copied = tokio::io::copy(&mut from_client, &mut to_app).await;
         let _ = to_app.shutdown().await;
         copied.map(Copied::through_memory)
-    };
-    let down = async {
+    });
+    let down = pin!(async {
         let copied = tokio::io::copy(&mut from_app, &mut to_client).await;
         let _ = to_client.shutdown().await;
         copied.map(Copied::through_memory)
-    };
+    });
     both_ways(up, down, ends).await;
 }
 
@@ -135,29 +149,30 @@ async fn copy_connection(client: TokioIo<Upgraded>, app: AppIo, ends: &Tunnel) {
 /// first).
 async fn splice_connection(client: TcpStream, client_ahead: Bytes, app: AppIo, ends: &Tunnel) {
     let (app, app_ahead) = app.into_parts();
-    let up = async {
+    let up = pin!(async {
         let moved = splice::forward(&client, &client_ahead, &app).await;
         let _ = splice::shutdown_write(&app);
         moved
-    };
-    let down = async {
+    });
+    let down = pin!(async {
         let moved = splice::forward(&app, &app_ahead, &client).await;
         let _ = splice::shutdown_write(&client);
         moved
-    };
+    });
     both_ways(up, down, ends).await;
 }
 
 /// Runs a tunnel's two directions: once the client has stopped sending
 /// (`up` ended), `ends` is closed and `down` runs on for at most
 /// [`AFTER_CLIENT_ENDS`]. Its end is logged with the bytes each way,
-/// spliced and through memory.
+/// spliced and through memory. The two are pinned where they were made: an
+/// `async fn` that took them would keep them twice, as its arguments and
+/// pinned.
 async fn both_ways(
-    up: impl Future<Output = io::Result<Copied>>,
-    down: impl Future<Output = io::Result<Copied>>,
+    mut up: Pin<&mut impl Future<Output = io::Result<Copied>>>,
+    mut down: Pin<&mut impl Future<Output = io::Result<Copied>>>,
     ends: &Tunnel,
 ) {
-    let (mut up, mut down) = (pin!(up), pin!(down));
     let (up, down) = tokio::select! {
         up = &mut up => {
             // The client is done: so is its request.
@@ -227,4 +242,31 @@ async fn copy_stream(client: TokioIo<Upgraded>, from_app: ProxyBody, to_app: mps
         ended = &mut down => ended && up.await,
     };
     tracing::debug!(clean, "HTTP/2 CONNECT tunnel ended");
+}
+
+#[cfg(test)]
+mod tests {
+    use qproxy_core::body::ReplyBody;
+
+    use super::*;
+
+    /// Most bytes a tunnel's task may take, unoptimised: a fifth over the
+    /// 2,048 it takes (4,000 with its copy kept twice).
+    const ROOM: usize = 2560;
+
+    /// A tunnel's task keeps its copy once: not again beside the timeout
+    /// that wraps it, nor its two directions again inside the wait for
+    /// both. (Optimised, 2,008 bytes, where it was 6,288.)
+    #[test]
+    fn a_tunnels_task_keeps_its_copy_once() {
+        let (to_app, _from_client) = mpsc::channel(1);
+        let app = AppSide::Stream {
+            from_app: ProxyBody::Reply(ReplyBody::empty()),
+            to_app,
+        };
+        let client = hyper::upgrade::on(http::Request::new(()));
+        let task = run(client, app, None, true, Tunnel::open());
+        let room = std::mem::size_of_val(&task);
+        assert!(room <= ROOM, "{room} bytes");
+    }
 }
