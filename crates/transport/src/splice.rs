@@ -23,9 +23,13 @@
 //! before bytes waiting there.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
+use bytes::{Buf, Bytes};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags, Shutdown, recv, send, shutdown};
 use rustix::pipe::{PipeFlags, SpliceFlags, fcntl_setpipe_size, pipe_with, splice};
@@ -100,27 +104,6 @@ impl Copied {
     }
 }
 
-/// Moves what `from` sends to `to` until `from` ends its side (`Ok`, with
-/// what was moved; `to`'s side is left open for the caller to shut), or
-/// either fails.
-pub async fn copy(from: &TcpStream, to: &TcpStream) -> io::Result<Copied> {
-    let mut copied = Copied::default();
-    if let Path::Unspliceable = splice_all(from, to, &mut copied).await? {
-        copy_through_buffer(from, to, &mut copied).await?;
-    }
-    Ok(copied)
-}
-
-/// How [`splice_all`] ended.
-enum Path {
-    /// `from` ended its side, every byte moved.
-    Ended,
-    /// `from` holds bytes that `splice` does not see, or no pipe can be
-    /// had (the process is out of descriptors): the rest goes through a
-    /// buffer.
-    Unspliceable,
-}
-
 /// What one splice into the empty pipe did.
 enum Filled {
     /// The pipe holds this many bytes.
@@ -129,50 +112,6 @@ enum Filled {
     End,
     /// `from` holds bytes `splice` cannot take.
     Unspliceable,
-}
-
-/// Splices `from` into a pipe and the pipe into `to`, until `from` ends.
-/// A pipe is held only while bytes are in it: taken once `from` is
-/// readable, given back once it is empty, so that a quiet tunnel holds
-/// none.
-async fn splice_all(from: &TcpStream, to: &TcpStream, copied: &mut Copied) -> io::Result<Path> {
-    loop {
-        from.readable().await?;
-        let Ok(pipe) = Pipe::take() else {
-            return Ok(Path::Unspliceable);
-        };
-        let filled = match from.try_io(Interest::READABLE, || into_pipe(from, &pipe)) {
-            Ok(filled) => filled,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                pipe.give_back();
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let mut held = match filled {
-            Filled::Bytes(n) => n,
-            Filled::End => {
-                pipe.give_back();
-                return Ok(Path::Ended);
-            }
-            Filled::Unspliceable => {
-                pipe.give_back();
-                return Ok(Path::Unspliceable);
-            }
-        };
-        // A pipe that still holds bytes when this fails is closed, not
-        // kept.
-        while held > 0 {
-            let n = to
-                .async_io(Interest::WRITABLE, || {
-                    Ok(splice(&pipe.read, None, to, None, held, flags())?)
-                })
-                .await?;
-            held -= n;
-            copied.spliced += n as u64;
-        }
-        pipe.give_back();
-    }
 }
 
 /// One splice of `from` into the empty pipe; `WouldBlock` when there is
@@ -212,56 +151,168 @@ fn flags() -> SpliceFlags {
     SpliceFlags::MOVE | SpliceFlags::NONBLOCK
 }
 
+/// Moves what `from` sends to `to` until `from` ends its side (`Ok`, with
+/// what was moved; `to`'s side is left open for the caller to shut), or
+/// either fails.
+pub fn copy<'a>(from: &'a TcpStream, to: &'a TcpStream) -> Forward<'a> {
+    forward(from, Bytes::new(), to)
+}
+
 /// Writes `ahead` (what was read of `from` already) to `to`, then moves
-/// what `from` sends, as [`copy`] does.
-pub async fn forward(from: &TcpStream, ahead: &[u8], to: &TcpStream) -> io::Result<Copied> {
-    write_all(to, ahead).await?;
-    let mut copied = copy(from, to).await?;
-    copied.copied += ahead.len() as u64;
-    Ok(copied)
+/// what `from` sends, as [`copy`] does. `ahead` is let go of once written
+/// (at once if empty: even so it may hold the buffer it was read into).
+pub fn forward<'a>(from: &'a TcpStream, ahead: Bytes, to: &'a TcpStream) -> Forward<'a> {
+    Forward {
+        from,
+        to,
+        ahead: if ahead.is_empty() {
+            Bytes::new()
+        } else {
+            ahead
+        },
+        pipe: None,
+        buffer: None,
+        copied: Copied::default(),
+    }
+}
+
+/// One direction of a tunnel, [`forward`]'s: a future of a few words,
+/// polled by hand (each wait is the sockets' own readiness, where `async`
+/// waits nested a future for each, about 800 bytes a direction). A pipe is
+/// held only while bytes are in it: taken once `from` is readable, given
+/// back once it is empty, so that a quiet tunnel holds none.
+#[derive(Debug)]
+#[must_use = "a future does nothing unless polled"]
+pub struct Forward<'a> {
+    from: &'a TcpStream,
+    to: &'a TcpStream,
+    /// What is still to be written of the bytes read of `from` already.
+    ahead: Bytes,
+    /// The pipe taken, and how many bytes are in it.
+    pipe: Option<(Pipe, usize)>,
+    /// Once `from` cannot be spliced from (or no pipe can be had): the
+    /// buffer the rest goes through.
+    buffer: Option<Buffered>,
+    copied: Copied,
+}
+
+/// The buffer of a copy that cannot splice, and the part of it still to
+/// be written.
+#[derive(Debug)]
+struct Buffered {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Future for Forward<'_> {
+    type Output = io::Result<Copied>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<Copied>> {
+        let this = self.get_mut();
+        let (from, to) = (this.from, this.to);
+        loop {
+            if !this.ahead.is_empty() {
+                let ahead = &this.ahead;
+                let n = ready!(poll_write(to, cx, || {
+                    Ok(send(to, ahead, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
+                }))?;
+                this.ahead.advance(n);
+                this.copied.copied += n as u64;
+                if this.ahead.is_empty() {
+                    this.ahead = Bytes::new();
+                }
+                continue;
+            }
+            if let Some(buffered) = this.buffer.as_mut() {
+                if buffered.start < buffered.end {
+                    let rest = &buffered.buf[buffered.start..buffered.end];
+                    let n = ready!(poll_write(to, cx, || {
+                        Ok(send(to, rest, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
+                    }))?;
+                    buffered.start += n;
+                    this.copied.copied += n as u64;
+                    continue;
+                }
+                ready!(from.poll_read_ready(cx))?;
+                let buf = &mut buffered.buf;
+                match from.try_io(Interest::READABLE, || {
+                    Ok(recv(from, &mut buf[..], RecvFlags::DONTWAIT)?.1)
+                }) {
+                    Ok(0) => return Poll::Ready(Ok(this.copied)),
+                    Ok(n) => (buffered.start, buffered.end) = (0, n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                continue;
+            }
+            if let Some((pipe, held)) = this.pipe.as_mut() {
+                // A pipe that still holds bytes when this fails is closed,
+                // not kept.
+                let n = ready!(poll_write(to, cx, || {
+                    Ok(splice(&pipe.read, None, to, None, *held, flags())?)
+                }))?;
+                *held -= n;
+                this.copied.spliced += n as u64;
+                if *held == 0
+                    && let Some((pipe, _)) = this.pipe.take()
+                {
+                    pipe.give_back();
+                }
+                continue;
+            }
+            ready!(from.poll_read_ready(cx))?;
+            let Ok(pipe) = Pipe::take() else {
+                this.buffer = Some(Buffered::new());
+                continue;
+            };
+            match from.try_io(Interest::READABLE, || into_pipe(from, &pipe)) {
+                Ok(Filled::Bytes(n)) => this.pipe = Some((pipe, n)),
+                Ok(Filled::End) => {
+                    pipe.give_back();
+                    return Poll::Ready(Ok(this.copied));
+                }
+                Ok(Filled::Unspliceable) => {
+                    pipe.give_back();
+                    this.buffer = Some(Buffered::new());
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => pipe.give_back(),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl Buffered {
+    fn new() -> Self {
+        Buffered {
+            buf: vec![0; COPY_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+/// One write to `to` by `write` once `to` is writable: how many bytes it
+/// took, or `Pending` (the socket's readiness cleared, and the task woken
+/// when it is writable again).
+fn poll_write(
+    to: &TcpStream,
+    cx: &mut Context<'_>,
+    mut write: impl FnMut() -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    loop {
+        ready!(to.poll_write_ready(cx))?;
+        match to.try_io(Interest::WRITABLE, &mut write) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            done => return Poll::Ready(done),
+        }
+    }
 }
 
 /// Ends `to`'s sending side (a half-close): the far end reads its end.
 pub fn shutdown_write(to: &TcpStream) -> io::Result<()> {
     Ok(shutdown(to, Shutdown::Write)?)
-}
-
-/// Writes all of `bytes` to `to`.
-async fn write_all(to: &TcpStream, bytes: &[u8]) -> io::Result<()> {
-    let mut sent = 0;
-    while sent < bytes.len() {
-        sent += to
-            .async_io(Interest::WRITABLE, || {
-                Ok(send(
-                    to,
-                    &bytes[sent..],
-                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
-                )?)
-            })
-            .await?;
-    }
-    Ok(())
-}
-
-/// Moves what `from` sends to `to` through a buffer, until `from` ends.
-async fn copy_through_buffer(
-    from: &TcpStream,
-    to: &TcpStream,
-    copied: &mut Copied,
-) -> io::Result<()> {
-    let mut buf = vec![0u8; COPY_BUF];
-    loop {
-        let n = from
-            .async_io(Interest::READABLE, || {
-                Ok(recv(from, &mut buf[..], RecvFlags::DONTWAIT)?.1)
-            })
-            .await?;
-        if n == 0 {
-            return Ok(());
-        }
-        write_all(to, &buf[..n]).await?;
-        copied.copied += n as u64;
-    }
 }
 
 #[cfg(test)]

@@ -106,9 +106,9 @@ async fn the_buffered_copy_moves_every_byte() {
         client
     });
     let copy = tokio::spawn(async move {
-        let mut copied = Copied::default();
-        copy_through_buffer(&from, &to, &mut copied).await.unwrap();
-        (copied, to)
+        let mut copy = copy(&from, &to);
+        copy.buffer = Some(Buffered::new());
+        (copy.await.unwrap(), to)
     });
     let mut got = vec![0; sent.len()];
     far.read_exact(&mut got).await.unwrap();
@@ -142,4 +142,38 @@ async fn a_quiet_copy_holds_no_pipe() {
     }
     client.shutdown().await.unwrap();
     assert_eq!(copy.await.unwrap().spliced, 11);
+}
+
+/// What was read of a side already goes first, counted as copied, then
+/// its stream, spliced; a forward, polled by hand, is a few words.
+#[tokio::test]
+async fn a_forward_writes_what_was_read_ahead_first() {
+    let (mut client, from) = connected().await;
+    let (to, mut far) = connected().await;
+    let ahead = Bytes::from_static(b"read ahead, ");
+    let sent = pattern(2 * PIPE_SIZE + 9);
+    let body = sent.clone();
+    let writer = tokio::spawn(async move {
+        client.write_all(&body).await.unwrap();
+        client.shutdown().await.unwrap();
+        client
+    });
+    let forward = tokio::spawn(async move {
+        let forward = forward(&from, ahead, &to);
+        assert!(std::mem::size_of_val(&forward) <= 160);
+        (forward.await.unwrap(), to)
+    });
+    let mut got = vec![0; 12 + sent.len()];
+    far.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got[..12], b"read ahead, ");
+    assert!(got[12..] == sent[..], "the stream came whole, after");
+    let (copied, _to) = forward.await.unwrap();
+    assert_eq!(
+        copied,
+        Copied {
+            spliced: sent.len() as u64,
+            copied: 12
+        }
+    );
+    drop(writer.await.unwrap());
 }
