@@ -13,6 +13,15 @@ async fn connected() -> (TcpStream, TcpStream) {
     (dialled.unwrap(), accepted.unwrap().0)
 }
 
+/// Sends `body` on `client`, then ends its side; the client, once done.
+fn send_and_end(mut client: TcpStream, body: Vec<u8>) -> tokio::task::JoinHandle<TcpStream> {
+    tokio::spawn(async move {
+        client.write_all(&body).await.unwrap();
+        client.shutdown().await.unwrap();
+        client
+    })
+}
+
 /// Bytes no two runs of which line up with a pipe's size.
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4093) as u8).collect()
@@ -23,19 +32,14 @@ fn pattern(len: usize) -> Vec<u8> {
 /// stays open for the caller.
 #[tokio::test]
 async fn a_stream_is_spliced_whole_to_its_end() {
-    let (mut client, from) = connected().await;
+    let (client, from) = connected().await;
     let (to, mut far) = connected().await;
     let sent = pattern(5 * PIPE_SIZE + 123);
     let copy = tokio::spawn(async move {
         let copied = copy(&from, &to).await.unwrap();
         (copied, to)
     });
-    let body = sent.clone();
-    let writer = tokio::spawn(async move {
-        client.write_all(&body).await.unwrap();
-        client.shutdown().await.unwrap();
-        client
-    });
+    let writer = send_and_end(client, sent.clone());
     let mut got = vec![0; sent.len()];
     far.read_exact(&mut got).await.unwrap();
     assert!(got == sent, "the bytes came whole and in order");
@@ -96,15 +100,10 @@ async fn a_far_end_gone_fails_the_copy() {
 /// moves every byte too.
 #[tokio::test]
 async fn the_buffered_copy_moves_every_byte() {
-    let (mut client, from) = connected().await;
+    let (client, from) = connected().await;
     let (to, mut far) = connected().await;
     let sent = pattern(3 * COPY_BUF + 5);
-    let body = sent.clone();
-    let writer = tokio::spawn(async move {
-        client.write_all(&body).await.unwrap();
-        client.shutdown().await.unwrap();
-        client
-    });
+    let writer = send_and_end(client, sent.clone());
     let copy = tokio::spawn(async move {
         let mut copy = copy(&from, &to);
         copy.buffer = Some(Buffered::new());
@@ -148,16 +147,11 @@ async fn a_quiet_copy_holds_no_pipe() {
 /// its stream, spliced; a forward, polled by hand, is a few words.
 #[tokio::test]
 async fn a_forward_writes_what_was_read_ahead_first() {
-    let (mut client, from) = connected().await;
+    let (client, from) = connected().await;
     let (to, mut far) = connected().await;
     let ahead = Bytes::from_static(b"read ahead, ");
     let sent = pattern(2 * PIPE_SIZE + 9);
-    let body = sent.clone();
-    let writer = tokio::spawn(async move {
-        client.write_all(&body).await.unwrap();
-        client.shutdown().await.unwrap();
-        client
-    });
+    let writer = send_and_end(client, sent.clone());
     let forward = tokio::spawn(async move {
         let forward = forward(&from, ahead, &to);
         assert!(std::mem::size_of_val(&forward) <= 160);
