@@ -213,10 +213,7 @@ impl Future for Forward<'_> {
         let (from, to) = (this.from, this.to);
         loop {
             if !this.ahead.is_empty() {
-                let ahead = &this.ahead;
-                let n = ready!(poll_write(to, cx, || {
-                    Ok(send(to, ahead, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
-                }))?;
+                let n = ready!(poll_send(to, cx, &this.ahead))?;
                 this.ahead.advance(n);
                 this.copied.copied += n as u64;
                 if this.ahead.is_empty() {
@@ -227,9 +224,7 @@ impl Future for Forward<'_> {
             if let Some(buffered) = this.buffer.as_mut() {
                 if buffered.start < buffered.end {
                     let rest = &buffered.buf[buffered.start..buffered.end];
-                    let n = ready!(poll_write(to, cx, || {
-                        Ok(send(to, rest, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
-                    }))?;
+                    let n = ready!(poll_send(to, cx, rest))?;
                     buffered.start += n;
                     this.copied.copied += n as u64;
                     continue;
@@ -308,6 +303,13 @@ fn poll_write(
             done => return Poll::Ready(done),
         }
     }
+}
+
+/// One send of `bytes` to `to` once `to` is writable, as [`poll_write`].
+fn poll_send(to: &TcpStream, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+    poll_write(to, cx, || {
+        Ok(send(to, bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
+    })
 }
 
 /// Ends `to`'s sending side (a half-close): the far end reads its end.

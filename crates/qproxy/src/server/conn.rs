@@ -273,8 +273,9 @@ where
 /// the services `services` makes, until it ends, its first request head
 /// does not come in time, or a graceful shutdown ends it.
 ///
-/// Not an `async fn`: one would keep its arguments beside the connection's future they are moved into, twice the
-/// room in every connection's task.
+/// Not an `async fn`: one would keep its arguments beside the
+/// connection's future they are moved into, twice the room in every
+/// connection's task.
 pub(super) fn connection<IO, N, S, B>(
     io: IO,
     clock: Arc<HeadClock>,

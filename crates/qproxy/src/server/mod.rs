@@ -144,7 +144,7 @@ impl Server {
 #[cfg(feature = "fuzzing")]
 #[derive(Debug)]
 pub struct MainPort {
-    shared: PortState,
+    shared: std::sync::Arc<PortState>,
     graceful: GracefulShutdown,
 }
 
@@ -154,7 +154,7 @@ impl MainPort {
     pub fn new(config: &Config) -> Result<Self, ExportError> {
         qproxy_core::crypto::install_default_provider();
         Ok(Self {
-            shared: build(config)?.main,
+            shared: std::sync::Arc::new(build(config)?.main),
             graceful: GracefulShutdown::new(),
         })
     }
@@ -306,7 +306,7 @@ fn spawn(server: Server, parts: Parts) -> RunningServers {
     // its services, a pointer to the port's state and the client's
     // address (the service itself is a pointer for each layer's state).
     let services = {
-        let main = Arc::new(main.clone());
+        let main = Arc::new(main);
         move |conn: conn::Accepted| {
             let main = main.clone();
             move || stack::main_service(&main, conn.remote)
