@@ -364,7 +364,7 @@ mod as_root {
         let t = accelerated("bodies_arrive_whole_both_ways", &ACCEPT_KNOWN);
         let (pod, agent) = (Arc::new(t.pod), t.agent);
 
-        let sizes = [1usize, 1000, 64 * 1024, 1 << 20, 16 << 20];
+        let sizes = [1usize, 1000, 64 * 1024, 256 << 10, 1 << 20, 16 << 20];
         let mut tasks = Vec::new();
         for worker in 0..4 {
             let pod = pod.clone();

@@ -14,7 +14,7 @@
 //! | [`client`] | the client role: an app connection ([`client::Conn`]: its socket, the read buffer it keeps, the rest of a request body still being written), a request written on it, its response head and body read |
 //! | [`pool`] | the app's connections kept alive between requests |
 //! | [`connector`] | the app reached: dialing (a refused dial tried again), the pool, the rules for sending a request again, the h2c client (`h2c`: the app's one shared HTTP/2 connection, a request's stream on it, its body piped, its response body read); what failed, in the transport's words ([`connector::SendError`]) |
-//! | [`splice`] | bytes moved between two TCP sockets through a pipe, never through user space (a tunnel's), read through memory instead from a socket whose bytes are not in its TCP queue; pipes kept per thread |
+//! | [`splice`] | bytes moved between two TCP sockets through a pipe, never through user space (a tunnel's, and a large response body's through a pipe its server lends it), read through memory instead from a socket whose bytes are not in its TCP queue; pipes kept per thread |
 //! | [`rewind`] | a connection whose first bytes were read already, given back before the rest: the server's first head read ahead, the bytes after an app's `101` |
 //!
 //! The rules are hyper's, so what a client or the app sees is what it saw

@@ -54,7 +54,8 @@ pub(crate) struct Proxy {
     client_ip: HeaderValue,
     /// Told when the app answers, for its first answer.
     startup: Arc<Startup>,
-    /// qproxy's options: whether `Server-Timing` is on.
+    /// qproxy's options: whether `Server-Timing` is on, and whether
+    /// bytes may be spliced.
     options: LiveOptions,
 }
 
@@ -143,6 +144,7 @@ impl Proxy {
         // out here, so that its future holds only what it waits with.
         let sent = tunnel.and_then(|tunnel| {
             let req = self.http1_request(req)?;
+            let req = req.spliced(!self.options.has(Opt::NoSplice));
             Ok((self.upstream.clone(), req, tunnel))
         });
         Box::pin(async move {

@@ -146,6 +146,170 @@ async fn a_tunnel_on_plain_tcp_is_spliced_both_ways() {
     }
 }
 
+/// Bytes no two runs of which line up with a pipe's size.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4093) as u8).collect()
+}
+
+/// An app serving, on each kept-alive connection, `/length` (256 KiB with
+/// its `Content-Length`, written 64 KiB at a time), `/long` (4 MiB
+/// likewise), `/chunked` (two chunks of 100 KiB and one of 10 bytes),
+/// `/short` (4 MiB announced, 1 MiB
+/// sent, then the connection closed), `/chunked-short` (a chunk of 1 MiB
+/// announced, half of it sent, then the connection closed) and
+/// `/chunked-broken` (a chunk of 1 MiB, then no chunk's end: the
+/// connection left open).
+async fn large_bodies_app() -> u16 {
+    raw_app(|mut s| async move {
+        while let Some(head) = read_head(&mut s).await {
+            let body = pattern(4 << 20);
+            if head.starts_with("GET /length ") || head.starts_with("GET /long ") {
+                let len = if head.starts_with("GET /long ") {
+                    body.len()
+                } else {
+                    256 << 10
+                };
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+                s.write_all(head.as_bytes()).await.unwrap();
+                for piece in body[..len].chunks(64 << 10) {
+                    s.write_all(piece).await.unwrap();
+                }
+            } else if head.starts_with("GET /chunked ") {
+                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .await
+                    .unwrap();
+                for chunk in body[..(200 << 10) + 10].chunks(100 << 10) {
+                    s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                        .await
+                        .unwrap();
+                    s.write_all(chunk).await.unwrap();
+                    s.write_all(b"\r\n").await.unwrap();
+                }
+                s.write_all(b"0\r\n\r\n").await.unwrap();
+            } else if head.starts_with("GET /chunked-short ") {
+                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .await
+                    .unwrap();
+                s.write_all(b"100000\r\n").await.unwrap();
+                s.write_all(&body[..1 << 19]).await.unwrap();
+                return;
+            } else if head.starts_with("GET /chunked-broken ") {
+                // A chunk's data, then what is not its end; the connection
+                // stays open.
+                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .await
+                    .unwrap();
+                s.write_all(b"100000\r\n").await.unwrap();
+                s.write_all(&body[..1 << 20]).await.unwrap();
+                s.write_all(b"XX0\r\n\r\n").await.unwrap();
+                let _ = read_head(&mut s).await;
+                return;
+            } else {
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                s.write_all(head.as_bytes()).await.unwrap();
+                s.write_all(&body[..1 << 20]).await.unwrap();
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// A large body between two plain TCP connections is spliced from the
+/// app's socket into the client's, a length-framed one and a chunked one's
+/// large chunks alike, on one client connection and one pooled app
+/// connection: every byte comes whole and in order, qproxy's count says
+/// all but what came with the head (or with a chunk's framing) was
+/// spliced, a body longer than splicing pays for is copied whole, and a
+/// body the app cuts short is cut short for the client. With the
+/// `no-splice` option none is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_body_on_plain_tcp_is_spliced_whole_and_in_order() {
+    let port = large_bodies_app().await;
+    let body = pattern(4 << 20);
+    for option in ["off", "on"] {
+        let qp = QProxy::start(
+            port,
+            &[
+                ("SERVING_LOGGING_LEVEL", "debug"),
+                ("QPROXY_OPTION_NO_SPLICE", option),
+            ],
+        );
+        let stream = TcpStream::connect(qp.main).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let mut lines = 0;
+        for (path, whole) in [
+            ("/length", &body[..256 << 10]),
+            ("/chunked", &body[..(200 << 10) + 10]),
+            ("/long", &body[..]),
+            ("/length", &body[..256 << 10]),
+        ] {
+            let req = Request::get(path)
+                .header("host", "hello.example.com")
+                .body(empty())
+                .unwrap();
+            within("the connection kept", sender.ready()).await.unwrap();
+            let res = within("the response", sender.send_request(req))
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            let got = within("the body", res.into_body().collect())
+                .await
+                .unwrap()
+                .to_bytes();
+            assert!(
+                got == whole,
+                "{path}: {} bytes of {}",
+                got.len(),
+                whole.len()
+            );
+            if path == "/long" {
+                // Not lent a pipe: no count is logged for it.
+                continue;
+            }
+            lines += 1;
+            let line = qp.wait_for_logs("the body's count", lines, |l| {
+                l["message"] == "response body written, lent a pipe"
+            });
+            let spliced = line["spliced"].as_u64().unwrap() as usize;
+            if option == "on" {
+                assert_eq!(spliced, 0, "{path}: {line}");
+            } else {
+                // What came with the head and with a chunked body's first
+                // size line, and a few bytes of each later chunk read with
+                // its framing, are read.
+                let read = whole.len() - spliced;
+                assert!(spliced <= whole.len() && read <= 16 << 10, "{path}: {line}");
+            }
+        }
+        // A body the app cuts short, or whose chunk does not end, is cut
+        // short for the client, on a client connection of its own each.
+        for path in ["/short", "/chunked-short", "/chunked-broken"] {
+            let req = Request::get(path)
+                .header("host", "hello.example.com")
+                .body(empty())
+                .unwrap();
+            within("the connection kept", sender.ready()).await.unwrap();
+            let res = within("the response", sender.send_request(req))
+                .await
+                .unwrap();
+            let got = within("the body", res.into_body().collect()).await;
+            assert!(got.is_err(), "{path}: a body cut short is cut short");
+            let stream = TcpStream::connect(qp.main).await.unwrap();
+            let (next, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            sender = next;
+        }
+    }
+}
+
 /// A client that leaves an upgraded connection ends its request, as
 /// current Knative's queue-proxy ends the whole tunnel then: an app that
 /// never closes its side of the tunnel does not keep the request's slot

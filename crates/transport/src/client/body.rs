@@ -6,18 +6,25 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, Method};
 use http_body::{Frame, SizeHint};
 
 use super::{Conn, ExchangeError, ResponseHead, ResponseParse, UploadError, parse};
 use crate::pool::Idle;
+use crate::splice::{self, SPLICE_MAX, SPLICE_MIN, Spliced};
 use crate::wire::framing::{Decoded, Decoder, Framing};
 
 /// The smallest and largest reads of a body: a read that fills the room
 /// it was given doubles the next one.
 const BODY_READ_MIN: usize = 8 * 1024;
 const BODY_READ_MAX: usize = 256 * 1024;
+/// The first read after a chunk's data was spliced to its end: room for
+/// the chunk's end and the next size line (`\r\n`, eight digits,
+/// `\r\n`), so that little of the next chunk's data is read with them
+/// rather than spliced. Each further read before the next data (a line
+/// that came in pieces, trailers) has twice the room.
+const FRAMING_READ: usize = 16;
 
 /// Why a response body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +45,9 @@ pub enum ResponseBodyError {
     #[error("the rest of the request body could not be written: {0}")]
     Upload(#[source] UploadError),
 }
+
+/// What a poll of a [`ResponseBody`] gives.
+type PolledFrame = Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>>;
 
 /// A response body read from a [`Conn`], which goes back to `idle`
 /// once the body has been read to its end, if it may be reused.
@@ -62,15 +72,35 @@ pub struct ResponseBody {
     decoder: Decoder,
     /// The room the next read is given.
     read: usize,
+    /// Its data may be spliced into a pipe lent by the server writing it
+    /// (see [`splice`]), rather than read; false for good (for the
+    /// connection's life) once the socket holds bytes `splice` does not
+    /// see.
+    splice: bool,
+    /// The data on the wire is the rest of data spliced already: it is
+    /// spliced however little of it is left.
+    splicing: bool,
+    /// A chunk's data was spliced to its end: the room of the next read
+    /// of its framing (from [`FRAMING_READ`]); 0 otherwise.
+    framing_room: usize,
+    /// Bytes of the body spliced so far: none once [`SPLICE_MAX`] are.
+    spliced: u64,
 }
 
 impl ResponseBody {
     /// The body of `head`, read over `conn` (what came after the head is
     /// in its buffer), while what is left of the request body, if any, is
     /// written on; an empty body gives the connection back at once.
-    /// Without `idle`, the connection is closed at the body's end.
-    pub fn new(mut conn: Conn, head: &ResponseHead, idle: Option<Arc<Idle<Conn>>>) -> Self {
+    /// Without `idle`, the connection is closed at the body's end. With
+    /// `splice`, its data may be spliced to a client (see [`splice`]).
+    pub fn new(
+        mut conn: Conn,
+        head: &ResponseHead,
+        idle: Option<Arc<Idle<Conn>>>,
+        splice: bool,
+    ) -> Self {
         let buf = std::mem::take(&mut conn.buf);
+        let splice = splice && !conn.redirected;
         let mut body = ResponseBody {
             conn: Some(conn),
             idle: idle.filter(|_| head.keep_alive),
@@ -78,6 +108,10 @@ impl ResponseBody {
             small: head.one_read,
             decoder: Decoder::new(head.framing),
             read: BODY_READ_MIN,
+            splice,
+            splicing: false,
+            framing_room: 0,
+            spliced: 0,
         };
         if body.decoder.is_end() {
             body.finish();
@@ -125,6 +159,56 @@ impl ResponseBody {
         }
     }
 
+    /// Splices the body's next data into the pipe lent by the server
+    /// polling it, when the bytes read so far are all passed on, the next
+    /// ones on the wire are data (at least [`SPLICE_MIN`] of them, or the
+    /// rest of data spliced already), fewer than [`SPLICE_MAX`] have been
+    /// spliced and no request body is still being written. `None` when
+    /// they are to be read instead.
+    fn poll_splice(&mut self, cx: &mut Context<'_>) -> Option<PolledFrame> {
+        let ahead = self.decoder.data_ahead()?;
+        self.framing_room = 0;
+        if self.spliced >= SPLICE_MAX {
+            return None;
+        }
+        let least = if self.splicing { 1 } else { SPLICE_MIN };
+        if ahead < least as u64 {
+            return None;
+        }
+        let conn = self.conn.as_ref().filter(|c| c.upload.is_none())?;
+        let most = usize::try_from(ahead).unwrap_or(usize::MAX);
+        let spliced = match splice::fill_lent(&conn.tcp, most, cx) {
+            Poll::Pending => return Some(Poll::Pending),
+            Poll::Ready(spliced) => spliced,
+        };
+        let failed = match spliced {
+            Ok(Spliced::NotLent) => return None,
+            Ok(Spliced::Unspliceable) => {
+                self.splice = false;
+                if let Some(conn) = &mut self.conn {
+                    conn.redirected = true;
+                }
+                return None;
+            }
+            Ok(Spliced::Bytes(data)) => {
+                self.decoder.took(data.len());
+                self.spliced += data.len() as u64;
+                self.splicing = self.decoder.data_ahead().is_some();
+                if !self.splicing && !self.decoder.is_end() {
+                    self.framing_room = FRAMING_READ;
+                }
+                if self.decoder.is_end() {
+                    self.finish();
+                }
+                return Some(Poll::Ready(Some(Ok(Frame::data(data)))));
+            }
+            Ok(Spliced::End) => ResponseBodyError::Incomplete,
+            Err(e) => ResponseBodyError::Io(e),
+        };
+        self.close();
+        Some(Poll::Ready(Some(Err(failed))))
+    }
+
     /// The body has ended, and its connection may not serve another.
     fn close(&mut self) {
         self.idle = None;
@@ -151,9 +235,15 @@ impl ResponseBody {
         }
         loop {
             ready!(conn.poll_read_ready(cx))?;
-            match conn.try_read_buf(&mut self.buf) {
+            let read = if self.framing_room > 0 {
+                conn.try_read_buf(&mut BufMut::limit(&mut self.buf, self.framing_room))
+            } else {
+                conn.try_read_buf(&mut self.buf)
+            };
+            match read {
                 Ok(0) => return Poll::Ready(Ok(false)),
                 Ok(n) => {
+                    self.framing_room = (self.framing_room * 2).min(BODY_READ_MAX);
                     if n >= self.read {
                         self.read = (self.read * 2).min(BODY_READ_MAX);
                     }
@@ -184,6 +274,12 @@ impl http_body::Body for ResponseBody {
         }
         if this.decoder.is_end() {
             return Poll::Ready(None);
+        }
+        if this.splice
+            && this.buf.is_empty()
+            && let Some(polled) = this.poll_splice(cx)
+        {
+            return polled;
         }
         let polled = loop {
             match this.decoder.decode(&mut this.buf) {
@@ -266,6 +362,10 @@ pub fn read_answer(bytes: &[u8], head: bool) -> Result<AppAnswer, ExchangeError>
         small: false,
         decoder: Decoder::new(parsed.framing),
         read: BODY_READ_MIN,
+        splice: false,
+        splicing: false,
+        framing_room: 0,
+        spliced: 0,
     };
     let mut answer = AppAnswer {
         status: parsed.status.as_u16(),

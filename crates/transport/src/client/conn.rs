@@ -36,6 +36,9 @@ pub struct Link {
     /// The rest of a request body, still being written when its response
     /// came (written on by the response's body).
     pub(crate) upload: Option<Box<dyn Uploading>>,
+    /// Its bytes come outside its TCP receive queue (the accelerator's
+    /// redirect): they are never spliced from it.
+    pub(crate) redirected: bool,
 }
 
 impl std::ops::Deref for Conn {
@@ -61,6 +64,7 @@ impl Conn {
             buf: BytesMut::new(),
             keep_ms: 0,
             upload: None,
+            redirected: false,
         }))
     }
 

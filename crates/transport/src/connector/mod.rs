@@ -115,21 +115,15 @@ impl Connector {
     /// connection of its own, its authority-form target as the client
     /// wrote it; a `2xx` answer leaves that connection to the tunnel, and
     /// no other answer's connection is reused.
-    pub async fn send<B, RB>(&self, req: Http1Request<B>) -> Result<Answer<RB>, SendError>
+    pub async fn send<B, RB>(&self, mut req: Http1Request<B>) -> Result<Answer<RB>, SendError>
     where
         B: Body<Data = Bytes> + Unpin + Send + std::fmt::Debug + 'static,
         B::Error: Into<BoxError>,
         RB: From<ResponseBody>,
     {
-        let Http1Request {
-            mut out,
-            mut headers,
-            replayable,
-            connect,
-        } = req;
-        if connect {
+        if req.connect {
             let conn = self.dial().await?;
-            return self.exchange_on(conn, &mut out, &mut headers, true).await;
+            return self.exchange_on(conn, &mut req).await;
         }
         // Once sent again after the app dropped it: on a new connection.
         let mut fresh = false;
@@ -138,13 +132,19 @@ impl Connector {
                 Some((conn, since)) => (conn, Some(since)),
                 None => (self.dial().await?, None),
             };
-            let err = match self.exchange_on(conn, &mut out, &mut headers, false).await {
+            let err = match self.exchange_on(conn, &mut req).await {
                 Ok(answer) => return Ok(answer),
                 Err(err) => err,
             };
             let Some(since) = idle_since else {
                 return Err(err);
             };
+            let Http1Request {
+                out,
+                headers,
+                replayable,
+                ..
+            } = &mut req;
             if !out.was_heard() && err.is_dropped_connection() {
                 // The app closed a connection that had idled this long.
                 self.idle.closed_after(since.elapsed());
@@ -153,7 +153,7 @@ impl Connector {
                 tracing::debug!(error = %err, "an idle connection to the app was closed before the request was written; sending on another");
                 continue;
             }
-            if replayable
+            if *replayable
                 && !fresh
                 && !out.was_heard()
                 && err.is_dropped_connection()
@@ -168,23 +168,22 @@ impl Connector {
         }
     }
 
-    /// Sends `out` on `conn` and answers with the app's response (its
-    /// header map `headers`), whose body reads the rest and hands the
+    /// Sends `req` on `conn` and answers with the app's response (in the
+    /// request's header map), whose body reads the rest and hands the
     /// connection back (not for `CONNECT`), or with the switched
     /// connection.
     async fn exchange_on<B, RB>(
         &self,
         mut conn: client::Conn,
-        out: &mut Outgoing<B>,
-        headers: &mut HeaderMap,
-        connect: bool,
+        req: &mut Http1Request<B>,
     ) -> Result<Answer<RB>, SendError>
     where
         B: Body<Data = Bytes> + Unpin + Send + std::fmt::Debug + 'static,
         B::Error: Into<BoxError>,
         RB: From<ResponseBody>,
     {
-        let head = match exchange(&mut conn, out, headers).await {
+        let connect = req.connect;
+        let head = match exchange(&mut conn, &mut req.out, &mut req.headers).await {
             Ok(head) => head,
             Err(source) => {
                 return Err(SendError::Exchange {
@@ -200,7 +199,7 @@ impl Connector {
             return Ok(Answer::Switched(Box::new((res, Rewind::new(tcp, ahead)))));
         }
         let idle = (!connect).then(|| self.idle.clone());
-        let body = ResponseBody::new(conn, &head, idle);
+        let body = ResponseBody::new(conn, &head, idle, req.splice);
         Ok(Answer::Response(response(head, RB::from(body))))
     }
 
@@ -247,6 +246,8 @@ pub struct Http1Request<B> {
     replayable: bool,
     /// A `CONNECT`, sent on a connection of its own.
     connect: bool,
+    /// The response's body may be spliced to the client.
+    splice: bool,
 }
 
 impl<B> Http1Request<B>
@@ -266,7 +267,17 @@ where
             headers: parts.headers,
             replayable,
             connect,
+            splice: false,
         }
+    }
+
+    /// This request, its response's body spliced from the app's socket to
+    /// the client's where both are plain TCP (when `on`), rather than
+    /// read and written again ([`splice`](crate::splice)).
+    #[must_use]
+    pub fn spliced(mut self, on: bool) -> Self {
+        self.splice = on;
+        self
     }
 }
 

@@ -10,7 +10,9 @@
 //! buffer for each connection, and takes each request through its service
 //! adapter. Here a served connection is one `Conn` (its read buffer, its
 //! spare header map, its write buffer, its head clock), a response being
-//! written one `Writing` (its write queue, its body and how it is framed),
+//! written one `Writing` (its write queue, its body and how it is framed,
+//! the bytes its body spliced into the pipe it lent it: see
+//! [`splice`](mod@crate::splice)),
 //! and [`serve`] a loop over the connection's steps: the connection's task
 //! reads a request head into a buffer the size of what came, parses it
 //! with `httparse` (hyper's parser) into a request whose header values
@@ -68,6 +70,7 @@ mod encode;
 mod head;
 mod parse;
 
+use std::any::Any;
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
@@ -79,6 +82,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Request, Response};
 use http_body::{Body as HttpBody, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -87,7 +91,9 @@ pub use head::HeadClock;
 pub use parse::MAX_BODY;
 
 use crate::BoxError;
-use crate::wire::framing::{Encoder, Framing};
+use crate::splice::{self, Lent, Pipe, SPLICE_MAX, SPLICE_MIN};
+use crate::wire::chunked::{CHUNK_END, HexCase};
+use crate::wire::framing::{Encoded, Encoder, Framing};
 use crate::wire::read::{poll_read_at_most, poll_read_into};
 use encode::{COPY_MAX, WriteQueue, encode_head};
 use parse::{RequestParse, parse};
@@ -188,7 +194,7 @@ pub async fn serve<IO, S, RB, B, L, St>(
     mut service: S,
 ) -> Served
 where
-    IO: AsyncRead + AsyncWrite + Unpin,
+    IO: AsyncRead + AsyncWrite + Unpin + 'static,
     L: Lifecycle,
     St: Future<Output = ()>,
     RB: MakeBody,
@@ -349,7 +355,7 @@ enum Next<RB> {
 
 impl<'a, IO> Conn<'a, IO>
 where
-    IO: AsyncRead + AsyncWrite + Unpin,
+    IO: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     /// A connection on `io`, whose first bytes `first` have been read and
     /// whose heads `clock` times: its first head's, or (once the clock has
@@ -514,7 +520,14 @@ where
         front.reserve(room);
         let (framing, last) = encode_head(&mut parts, length, head, keep_alive, front)?;
         writing.frame(framing, length.is_some(), last);
+        writing.spliced.lends = tcp(self.io).is_some() && splices(framing);
         let written = poll_fn(|cx| writing.poll_write(self, cx)).await;
+        if writing.spliced.lends {
+            tracing::debug!(
+                spliced = writing.spliced.total,
+                "response body written, lent a pipe"
+            );
+        }
         let (kept, last) = writing.finish();
         written?;
         if kept.capacity() <= COPY_MAX {
@@ -561,6 +574,44 @@ struct Writing<'w, B> {
     /// response, by the exchange: the first wake-up here need not poll it
     /// again.
     watched: bool,
+    /// The body's bytes spliced into a pipe lent to it, on their way out.
+    spliced: Spliced,
+}
+
+/// A response's bytes in a pipe, spliced there by its body (see
+/// [`splice`]), written after what is queued before them.
+#[derive(Debug, Default)]
+struct Spliced {
+    /// The body is lent a pipe when it is polled: the client's connection
+    /// is plain TCP and the body large enough, or chunked.
+    lends: bool,
+    /// The pipe, while it holds bytes.
+    pipe: Option<Pipe>,
+    /// How many bytes it holds.
+    held: usize,
+    /// A chunk's end is written after them.
+    chunk_end: bool,
+    /// The body ended with them: its end is written after them.
+    ended: bool,
+    /// Bytes spliced so far.
+    total: u64,
+}
+
+/// The client's connection, when it is a plain TCP one: the one a body's
+/// bytes may be spliced into.
+fn tcp<IO: 'static>(io: &IO) -> Option<&TcpStream> {
+    (io as &dyn Any).downcast_ref::<TcpStream>()
+}
+
+/// Whether a body framed as `framing` is lent a pipe: one whose length is
+/// from [`SPLICE_MIN`] to [`SPLICE_MAX`], or a chunked one (whose chunks
+/// are spliced when they are that large, up to `SPLICE_MAX` of them).
+fn splices(framing: Framing) -> bool {
+    match framing {
+        Framing::Length(n) => (SPLICE_MIN as u64..=SPLICE_MAX).contains(&n),
+        Framing::Chunked(()) => true,
+        Framing::Close => false,
+    }
 }
 
 impl<'w, B> Writing<'w, B>
@@ -584,6 +635,7 @@ where
             last: false,
             watched: watch.armed,
             watch,
+            spliced: Spliced::default(),
         }
     }
 
@@ -610,7 +662,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ()>>
     where
-        IO: AsyncRead + AsyncWrite + Unpin,
+        IO: AsyncRead + AsyncWrite + Unpin + 'static,
     {
         // The client is watched while the body waits, not before what the
         // body has ready: a body that ends in the wake-up that finds the
@@ -622,6 +674,9 @@ where
         // this wake-up already.
         let armed = std::mem::take(&mut self.watched);
         loop {
+            if self.spliced.held > 0 {
+                ready!(self.poll_drain(conn, cx))?;
+            }
             let Some(mut polled) = self.body.as_mut().as_pin_mut() else {
                 ready!(self.out.poll_write(conn.io, cx)).map_err(|_| ())?;
                 return Pin::new(&mut *conn.io).poll_flush(cx).map_err(|_| ());
@@ -629,7 +684,23 @@ where
             if self.out.queued() >= WRITE_AT {
                 ready!(self.out.poll_write(conn.io, cx)).map_err(|_| ())?;
             }
-            let frame = match polled.as_mut().poll_frame(cx) {
+            let polled_frame = if self.spliced.lends {
+                let (polled_frame, lent) = Lent::around(|| polled.as_mut().poll_frame(cx));
+                if let Some((pipe, held)) = lent {
+                    self.spliced.pipe = Some(pipe);
+                    self.spliced.held = held;
+                    // Bytes in the pipe come back only with their frame.
+                    if !matches!(&polled_frame, Poll::Ready(Some(Ok(frame)))
+                        if frame.data_ref().is_some_and(|d| d.len() == held && splice::is_in_pipe(d)))
+                    {
+                        return Poll::Ready(Err(()));
+                    }
+                }
+                polled_frame
+            } else {
+                polled.as_mut().poll_frame(cx)
+            };
+            let frame = match polled_frame {
                 Poll::Ready(Some(Ok(frame))) => Some(frame),
                 Poll::Ready(None) => None,
                 Poll::Ready(Some(Err(e))) => {
@@ -657,7 +728,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ()>>
     where
-        IO: AsyncRead + AsyncWrite + Unpin,
+        IO: AsyncRead + AsyncWrite + Unpin + 'static,
     {
         if !armed
             && self
@@ -681,6 +752,10 @@ where
     /// write: hyper closes at once.
     fn queue(&mut self, frame: Option<Frame<Bytes>>, end: bool) -> Result<(), ()> {
         let (ended, with_data) = match frame.map(Frame::into_data) {
+            Some(Ok(data)) if splice::is_in_pipe(&data) => {
+                self.queue_in_pipe(data)?;
+                (end, true)
+            }
             Some(Ok(data)) if !data.is_empty() => {
                 self.out.data(&mut self.encoder, data);
                 self.head_held = false;
@@ -694,17 +769,80 @@ where
         };
         if ended {
             self.body.set(None);
-            if !self.out.end(&mut self.encoder) {
-                if !with_data {
-                    // Short of its length, and nothing more to write:
-                    // hyper closes at once.
-                    return Err(());
-                }
-                // Its last bytes are written, then the connection closes.
-                self.last = true;
+            if self.spliced.held > 0 {
+                // Its end follows the bytes in the pipe.
+                self.spliced.ended = true;
+                return Ok(());
             }
+            return self.queue_end(with_data);
         }
         Ok(())
+    }
+
+    /// Queues the body's end, after its last frame (`with_data`: one with
+    /// data). `Err` when it ended short of its length with nothing more
+    /// to write: hyper closes at once.
+    fn queue_end(&mut self, with_data: bool) -> Result<(), ()> {
+        if !self.out.end(&mut self.encoder) {
+            if !with_data {
+                // Short of its length, and nothing more to write:
+                // hyper closes at once.
+                return Err(());
+            }
+            // Its last bytes are written, then the connection closes.
+            self.last = true;
+        }
+        Ok(())
+    }
+
+    /// Takes `data`, a frame standing for the bytes the body spliced into
+    /// the lent pipe, as framed by the encoder: a chunk's size line is
+    /// queued before them, its end after. `Err` when they go past what a
+    /// length still owes (spliced bytes are not cut).
+    fn queue_in_pipe(&mut self, data: Bytes) -> Result<(), ()> {
+        if data.len() != self.spliced.held {
+            return Err(());
+        }
+        self.spliced.total += data.len() as u64;
+        self.head_held = false;
+        match self.encoder.encode_exact(data, HexCase::Upper) {
+            Ok(Encoded::Data(_)) => Ok(()),
+            Ok(Encoded::Chunk { size, .. }) => {
+                self.out.tail().extend_from_slice(size.rest());
+                self.spliced.chunk_end = true;
+                Ok(())
+            }
+            Err(_) => Err(()),
+        }
+    }
+
+    /// Writes what is queued, then the bytes in the pipe, and queues what
+    /// follows them (a chunk's end, the body's end); the pipe goes back
+    /// to the thread's once empty. `Ready(Err)` when the connection is to
+    /// close at once.
+    fn poll_drain<IO>(
+        &mut self,
+        conn: &mut Conn<'_, IO>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ()>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + 'static,
+    {
+        ready!(self.out.poll_write(conn.io, cx)).map_err(|_| ())?;
+        let (Some(to), Some(pipe)) = (tcp(conn.io), &self.spliced.pipe) else {
+            return Poll::Ready(Err(()));
+        };
+        ready!(splice::poll_drain(pipe, &mut self.spliced.held, to, cx)).map_err(|_| ())?;
+        if let Some(pipe) = self.spliced.pipe.take() {
+            pipe.give_back();
+        }
+        if std::mem::take(&mut self.spliced.chunk_end) {
+            self.out.tail().extend_from_slice(CHUNK_END);
+        }
+        if std::mem::take(&mut self.spliced.ended) {
+            self.queue_end(true)?;
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// The write buffer, emptied, to keep for the next response, and

@@ -1,5 +1,8 @@
 //! Splicing between loopback connections.
 
+use std::task::Poll;
+
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -170,4 +173,67 @@ async fn a_forward_writes_what_was_read_ahead_first() {
         }
     );
     drop(writer.await.unwrap());
+}
+
+/// A body polled with a pipe lent splices its bytes into it and hands on
+/// a frame standing for them; the server drains them into the client's
+/// socket, whole and in order, and the pipe goes back to the thread's.
+#[tokio::test]
+async fn a_lent_pipe_carries_a_body_s_bytes_to_the_client() {
+    PIPES.with(|p| p.borrow_mut().clear());
+    let (mut app, from) = connected().await;
+    let (to, mut client) = connected().await;
+    let sent = pattern(3 * PIPE_SIZE + 77);
+    app.write_all(&sent).await.unwrap();
+    drop(app);
+    let mut moved = 0;
+    while moved < sent.len() {
+        let (polled, lent) = std::future::poll_fn(|cx| {
+            let (polled, lent) = Lent::around(|| fill_lent(&from, sent.len() - moved, cx));
+            match polled {
+                Poll::Pending => {
+                    assert!(lent.is_none(), "nothing lent back while it waits");
+                    Poll::Pending
+                }
+                Poll::Ready(polled) => Poll::Ready((polled.unwrap(), lent)),
+            }
+        })
+        .await;
+        let Spliced::Bytes(frame) = polled else {
+            panic!("not spliced: {polled:?}");
+        };
+        assert!(is_in_pipe(&frame));
+        let (pipe, mut held) = lent.unwrap();
+        assert_eq!(held, frame.len());
+        std::future::poll_fn(|cx| poll_drain(&pipe, &mut held, &to, cx))
+            .await
+            .unwrap();
+        pipe.give_back();
+        moved += frame.len();
+    }
+    let mut got = vec![0; sent.len()];
+    client.read_exact(&mut got).await.unwrap();
+    assert!(got == sent, "the bytes came whole and in order");
+    // The app's end is told as the end.
+    let end = std::future::poll_fn(|cx| {
+        let (polled, _) = Lent::around(|| fill_lent(&from, 1, cx));
+        polled
+    })
+    .await
+    .unwrap();
+    assert!(matches!(end, Spliced::End), "{end:?}");
+    assert_eq!(PIPES.with(|p| p.borrow().len()), 1);
+}
+
+/// Without a pipe lent (a body polled by hyper's servers, or its own
+/// task), nothing is spliced and the body reads its bytes itself; a frame
+/// of the same bytes read is not taken for one in a pipe.
+#[tokio::test]
+async fn nothing_is_spliced_unless_a_pipe_is_lent() {
+    let (mut app, from) = connected().await;
+    app.write_all(b"abc").await.unwrap();
+    let polled = std::future::poll_fn(|cx| fill_lent(&from, 3, cx)).await;
+    assert!(matches!(polled.unwrap(), Spliced::NotLent));
+    assert!(!is_in_pipe(&Bytes::from(vec![0u8; 3])));
+    assert!(!is_in_pipe(&Bytes::new()));
 }

@@ -210,6 +210,36 @@ impl Decoder {
         }
     }
 
+    /// How many of the body's next bytes on the wire are its data, as
+    /// they are, when that is known: what a length still owes, or what is
+    /// left of a chunk's data. They may be taken without decoding
+    /// ([`took`](Self::took)), once the bytes read so far are decoded.
+    pub(crate) fn data_ahead(&self) -> Option<u64> {
+        match self.0 {
+            Framing::Length(n) | Framing::Chunked(ChunkState::Data(n)) if n > 0 => Some(n),
+            _ => None,
+        }
+    }
+
+    /// `n` bytes of [`data_ahead`](Self::data_ahead) were taken as they
+    /// are (at most as many as it said).
+    pub(crate) fn took(&mut self, n: usize) {
+        match &mut self.0 {
+            Framing::Length(owed) => *owed = owed.saturating_sub(n as u64),
+            Framing::Chunked(state @ ChunkState::Data(_)) => {
+                if let ChunkState::Data(left) = *state {
+                    let left = left.saturating_sub(n as u64);
+                    *state = if left == 0 {
+                        ChunkState::DataEnd
+                    } else {
+                        ChunkState::Data(left)
+                    };
+                }
+            }
+            Framing::Chunked(_) | Framing::Close => {}
+        }
+    }
+
     /// Whether the connection's close ends the body whole; it cuts any
     /// other short.
     pub(crate) fn ends_at_close(&self) -> bool {
@@ -390,5 +420,31 @@ mod tests {
         assert_eq!(decoder.remaining(), Some(7));
         assert_eq!(Decoder::new(Framing::Chunked(())).wants(), u64::MAX);
         assert_eq!(Decoder::new(Framing::Close).remaining(), None);
+    }
+
+    /// Data taken from the wire as it is (spliced) counts as decoded: a
+    /// length owes less, a chunk has less left, and the chunk's end comes
+    /// next once its data is all taken.
+    #[test]
+    fn data_taken_as_it_is_moves_the_decoder_on() {
+        let mut length = Decoder::new(Framing::Length(10));
+        assert_eq!(length.data_ahead(), Some(10));
+        length.took(4);
+        assert_eq!(length.data_ahead(), Some(6));
+        length.took(6);
+        assert!(length.is_end());
+        assert_eq!(length.data_ahead(), None);
+
+        let mut chunked = Decoder::new(Framing::Chunked(()));
+        assert_eq!(chunked.data_ahead(), None, "a size line is next");
+        let mut buf = BytesMut::from(&b"8\r\nab"[..]);
+        assert_eq!(chunked.decode(&mut buf), Ok(Decoded::Data("ab".into())));
+        assert_eq!(chunked.data_ahead(), Some(6));
+        chunked.took(6);
+        assert_eq!(chunked.data_ahead(), None, "the chunk's CRLF is next");
+        let mut buf = BytesMut::from(&b"\r\n0\r\n\r\n"[..]);
+        assert_eq!(chunked.decode(&mut buf), Ok(Decoded::End(None)));
+
+        assert_eq!(Decoder::new(Framing::Close).data_ahead(), None);
     }
 }
