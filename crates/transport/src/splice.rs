@@ -371,7 +371,16 @@ impl Lent {
     /// says what came back: `None` when the body spliced nothing into it,
     /// or the pipe and the bytes it holds.
     pub(crate) fn around<T>(poll: impl FnOnce() -> T) -> (T, Option<(Pipe, usize)>) {
+        /// Takes the lent pipe back however the poll ends, a panic too:
+        /// no other body this thread polls may splice into it.
+        struct Lending;
+        impl Drop for Lending {
+            fn drop(&mut self) {
+                LENT.with(Cell::take);
+            }
+        }
         LENT.with(|lent| lent.set(Some(Lent::default())));
+        let lending = Lending;
         let polled = poll();
         let back = LENT.with(Cell::take).and_then(|lent| match lent {
             Lent {
@@ -383,6 +392,7 @@ impl Lent {
             }
             Lent { pipe, held } => pipe.map(|pipe| (pipe, held)),
         });
+        drop(lending);
         (polled, back)
     }
 }

@@ -176,7 +176,7 @@ impl ResponseBody {
             return None;
         }
         let conn = self.conn.as_ref().filter(|c| c.upload.is_none())?;
-        let most = usize::try_from(ahead).unwrap_or(usize::MAX);
+        let most = usize::try_from(ahead.min(SPLICE_MAX - self.spliced)).unwrap_or(usize::MAX);
         let spliced = match splice::fill_lent(&conn.tcp, most, cx) {
             Poll::Pending => return Some(Poll::Pending),
             Poll::Ready(spliced) => spliced,
@@ -284,6 +284,10 @@ impl http_body::Body for ResponseBody {
         let polled = loop {
             match this.decoder.decode(&mut this.buf) {
                 Ok(Decoded::Data(data)) => {
+                    // Data read, not spliced: what follows is read at the
+                    // usual size, and spliced only from `SPLICE_MIN` on.
+                    this.framing_room = 0;
+                    this.splicing = false;
                     if this.decoder.is_end() {
                         this.finish();
                     }

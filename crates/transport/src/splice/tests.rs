@@ -237,3 +237,16 @@ async fn nothing_is_spliced_unless_a_pipe_is_lent() {
     assert!(!is_in_pipe(&Bytes::from(vec![0u8; 3])));
     assert!(!is_in_pipe(&Bytes::new()));
 }
+
+/// A poll that panics with a pipe lent gives it back all the same: a body
+/// polled later on the thread, by a server that lends none, reads its
+/// bytes rather than splicing them into a pipe nobody drains.
+#[tokio::test]
+async fn a_panicking_poll_leaves_no_pipe_lent() {
+    let (mut app, from) = connected().await;
+    app.write_all(b"abc").await.unwrap();
+    let panicked = std::panic::catch_unwind(|| Lent::around(|| panic!("a layer failed")));
+    assert!(panicked.is_err());
+    let polled = std::future::poll_fn(|cx| fill_lent(&from, 3, cx)).await;
+    assert!(matches!(polled.unwrap(), Spliced::NotLent));
+}
