@@ -215,6 +215,22 @@ async fn large_bodies_app() -> u16 {
     .await
 }
 
+/// The response to `GET path` on the client connection `sender`, once it
+/// is ready for another request.
+async fn get_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<TestBody>,
+    path: &str,
+) -> Response<hyper::body::Incoming> {
+    let req = Request::get(path)
+        .header("host", "hello.example.com")
+        .body(empty())
+        .unwrap();
+    within("the connection kept", sender.ready()).await.unwrap();
+    within("the response", sender.send_request(req))
+        .await
+        .unwrap()
+}
+
 /// A large body between two plain TCP connections is spliced from the
 /// app's socket into the client's, a length-framed one and a chunked one's
 /// large chunks alike, on one client connection and one pooled app
@@ -248,14 +264,7 @@ async fn a_large_body_on_plain_tcp_is_spliced_whole_and_in_order() {
             ("/long", &body[..]),
             ("/length", &body[..256 << 10]),
         ] {
-            let req = Request::get(path)
-                .header("host", "hello.example.com")
-                .body(empty())
-                .unwrap();
-            within("the connection kept", sender.ready()).await.unwrap();
-            let res = within("the response", sender.send_request(req))
-                .await
-                .unwrap();
+            let res = get_on(&mut sender, path).await;
             assert_eq!(res.status(), 200);
             let got = within("the body", res.into_body().collect())
                 .await
@@ -289,14 +298,7 @@ async fn a_large_body_on_plain_tcp_is_spliced_whole_and_in_order() {
         // A body the app cuts short, or whose chunk does not end, is cut
         // short for the client, on a client connection of its own each.
         for path in ["/short", "/chunked-short", "/chunked-broken"] {
-            let req = Request::get(path)
-                .header("host", "hello.example.com")
-                .body(empty())
-                .unwrap();
-            within("the connection kept", sender.ready()).await.unwrap();
-            let res = within("the response", sender.send_request(req))
-                .await
-                .unwrap();
+            let res = get_on(&mut sender, path).await;
             let got = within("the body", res.into_body().collect()).await;
             assert!(got.is_err(), "{path}: a body cut short is cut short");
             let stream = TcpStream::connect(qp.main).await.unwrap();
