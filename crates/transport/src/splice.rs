@@ -482,15 +482,13 @@ pub(crate) fn poll_drain(
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<()>> {
     while *held > 0 {
-        ready!(to.poll_write_ready(cx))?;
-        match to.try_io(Interest::WRITABLE, || {
+        let n = ready!(poll_write(to, cx, || {
             Ok(splice(&pipe.read, None, to, None, *held, flags())?)
-        }) {
-            Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-            Ok(n) => *held -= n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Poll::Ready(Err(e)),
+        }))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
         }
+        *held -= n;
     }
     Poll::Ready(Ok(()))
 }

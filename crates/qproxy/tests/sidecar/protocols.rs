@@ -151,6 +151,9 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4093) as u8).collect()
 }
 
+/// The head of a chunked answer.
+const CHUNKED_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+
 /// An app serving, on each kept-alive connection, `/length` (256 KiB with
 /// its `Content-Length`, written 64 KiB at a time), `/long` (4 MiB
 /// likewise), `/chunked` (two chunks of 100 KiB and one of 10 bytes),
@@ -175,9 +178,7 @@ async fn large_bodies_app() -> u16 {
                     s.write_all(piece).await.unwrap();
                 }
             } else if head.starts_with("GET /chunked ") {
-                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    .await
-                    .unwrap();
+                s.write_all(CHUNKED_HEAD).await.unwrap();
                 for chunk in body[..(200 << 10) + 10].chunks(100 << 10) {
                     s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
                         .await
@@ -187,18 +188,14 @@ async fn large_bodies_app() -> u16 {
                 }
                 s.write_all(b"0\r\n\r\n").await.unwrap();
             } else if head.starts_with("GET /chunked-short ") {
-                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    .await
-                    .unwrap();
+                s.write_all(CHUNKED_HEAD).await.unwrap();
                 s.write_all(b"100000\r\n").await.unwrap();
                 s.write_all(&body[..1 << 19]).await.unwrap();
                 return;
             } else if head.starts_with("GET /chunked-broken ") {
                 // A chunk's data, then what is not its end; the connection
                 // stays open.
-                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    .await
-                    .unwrap();
+                s.write_all(CHUNKED_HEAD).await.unwrap();
                 s.write_all(b"100000\r\n").await.unwrap();
                 s.write_all(&body[..1 << 20]).await.unwrap();
                 s.write_all(b"XX0\r\n\r\n").await.unwrap();
